@@ -1,0 +1,6 @@
+"""`python -m moegen` is the `moegen` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,42 @@
+"""`build(spec)`: the spec's pipeline (ir/<pipeline>.mir) with its sizes bound, verified."""
+from __future__ import annotations
+
+from .ir import Module, parse
+from .resources import pipeline_file
+from .spec import Spec, load_spec
+
+# Block sizes a MoE layer may pick per token bucket (the tile pass and autotune choose among
+# them); the largest bounds the routing index buffers.
+MOE_BLOCK_CHOICES = (8, 16, 32, 64)
+
+
+def capacity_block(spec: Spec) -> int:
+    """The largest moe block size a call of this spec's layer may use."""
+    return spec.moe.block_size or max(MOE_BLOCK_CHOICES)
+
+
+def symbols(spec: Spec) -> dict[str, int]:
+    """The values of the symbols the pipeline files use (see the comments at their top)."""
+    g = spec.quant.group_size
+    if spec.pipeline == "moe_w4a16":
+        m = spec.moe
+        return {"H": m.hidden_size, "I": m.intermediate_size, "E": m.num_experts, "K": m.top_k,
+                "G": g, "B": capacity_block(spec)}
+    s = spec.msd
+    return {"M": s.m, "N": s.n, "K": s.k, "G": g, "S": s.steps}
+
+
+def build(spec) -> Module:
+    """Instantiate the spec's pipeline with its sizes, verified."""
+    spec = load_spec(spec)
+    path = pipeline_file(spec.pipeline)
+    module = parse(path.read_text(), source=str(path), env=symbols(spec))
+    module.name = spec.name
+    module.attrs = {"pipeline": spec.pipeline, "spec": spec.name, "spec_hash": spec.hash,
+                    "tokens_max": spec.tokens.max}
+    if spec.pipeline == "moe_w4a16":
+        for op in module.function().ops:
+            if op.NAME == "moe.topk_softmax":
+                op.attrs["renormalize"] = spec.moe.renormalize
+    module.verify()
+    return module

@@ -1,0 +1,192 @@
+"""Ops of the W4A16 Mixture-of-Experts pipeline (see seeds/README.md for their semantics).
+
+Symbols used in the types: ``?`` tokens, K top-k, E experts, H hidden, I intermediate,
+G quantization group, B the largest moe block size a call may use (bounds the index buffers).
+"""
+from __future__ import annotations
+
+from ..core import Attr, Op
+from ..types import Dim
+
+
+def _block_attr_ok(op: Op) -> None:
+    block = op.attr("block")
+    if isinstance(block, int):
+        op.check(block >= 1, f"attribute block = {block} must be >= 1")
+    buckets = op.attrs.get("block_buckets")
+    if buckets is not None:
+        op.check(all(isinstance(b, list) and len(b) == 2 for b in buckets),
+                 "attribute block_buckets must be a list of [max_tokens, block] pairs")
+        edges = [b[0] for b in buckets]
+        op.check(edges == sorted(edges), "attribute block_buckets must ascend in max_tokens")
+        if isinstance(block, int):
+            op.check(all(1 <= b[1] <= block for b in buckets),
+                     f"every bucket's block must be in [1, block = {block}]")
+
+
+TILE_ATTRS = {"block_buckets": Attr("any", None), "tile": Attr("dict", None)}
+
+
+class TopkSoftmaxOp(Op):
+    """softmax over experts, the k largest (ties -> lower expert id), optional renormalize."""
+    NAME = "moe.topk_softmax"
+    OPERANDS = ("logits",)
+    RESULTS = ("ids", "weights")
+    ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True)}
+
+    def verify(self):
+        logits = self.tensor(self.operands[0], "logits", "f32", 2)
+        t, e = logits.shape
+        k = Dim.of(self.attr("k"))
+        if k.is_static:
+            self.check(k.value >= 1, f"attribute k = {k} must be >= 1")
+            if e.is_static:
+                self.check(k.value <= e.value, f"attribute k = {k} must be <= the number of "
+                                               f"experts ({e})")
+        self.expect_result(0, (t, k), "i32")
+        self.expect_result(1, (t, k), "f32")
+
+
+class CountOp(Op):
+    """Slots routed to each expert."""
+    NAME = "moe.count"
+    OPERANDS = ("ids",)
+    RESULTS = ("counts",)
+    ATTRS = {"num_experts": Attr("dim")}
+
+    def verify(self):
+        self.tensor(self.operands[0], "ids", "i32", 2)
+        self.expect_result(0, (self.attr("num_experts"),), "i32")
+
+
+class PadScanOp(Op):
+    """Counts rounded up to the block, their exclusive prefix sum, and the padded total."""
+    NAME = "moe.pad_scan"
+    OPERANDS = ("counts",)
+    RESULTS = ("padded_counts", "padded_offsets", "total")
+    ATTRS = {"block": Attr("dim"), **TILE_ATTRS}
+
+    def verify(self):
+        counts = self.tensor(self.operands[0], "counts", "i32", 1)
+        _block_attr_ok(self)
+        self.expect_result(0, counts.shape, "i32")
+        self.expect_result(1, counts.shape, "i32")
+        self.expect_result(2, (1,), "i32")
+
+
+class SlotListsOp(Op):
+    """slots[e, j] = the j-th slot (ascending) routed to expert e; rest filled with T*K."""
+    NAME = "moe.slot_lists"
+    OPERANDS = ("ids",)
+    RESULTS = ("slots",)
+    ATTRS = {"num_experts": Attr("dim")}
+
+    def verify(self):
+        t, k = self.tensor(self.operands[0], "ids", "i32", 2).shape
+        self.expect_result(0, (self.attr("num_experts"), t * k), "i32")
+
+
+class MarlinIndicesOp(Op):
+    """sorted_token_ids / expert_ids / topk_weights_flat from the slot lists and offsets."""
+    NAME = "moe.marlin_indices"
+    OPERANDS = ("slots", "counts", "padded_offsets", "weights")
+    RESULTS = ("sorted_ids", "expert_ids", "weights_flat")
+    ATTRS = {"block": Attr("dim"), "capacity_block": Attr("dim"), **TILE_ATTRS}
+
+    def verify(self):
+        e, s = self.tensor(self.operands[0], "slots", "i32", 2).shape
+        counts = self.tensor(self.operands[1], "counts", "i32", 1)
+        self.same_dim(counts.shape[0], e, "counts must have one entry per expert")
+        t, k = self.tensor(self.operands[3], "weights", "f32", 2).shape
+        self.same_dim(s, t * k, "slot lists must hold T*K slots per expert")
+        _block_attr_ok(self)
+        rows = t * k + e * Dim.of(self.attr("capacity_block"))
+        self.expect_result(0, (rows,), "i32")
+        self.expect_result(1, (t * k,), "i32")
+        self.expect_result(2, (rows,), "f32")
+
+
+class AlignOp(Op):
+    """count + pad_scan + slot_lists + marlin_indices in one op (after the fuse-align pass)."""
+    NAME = "moe.align"
+    OPERANDS = ("ids", "weights")
+    RESULTS = ("sorted_ids", "expert_ids", "weights_flat", "total")
+    ATTRS = {"num_experts": Attr("dim"), "block": Attr("dim"), "capacity_block": Attr("dim"),
+             **TILE_ATTRS}
+
+    def verify(self):
+        t, k = self.tensor(self.operands[0], "ids", "i32", 2).shape
+        w = self.tensor(self.operands[1], "weights", "f32", 2)
+        self.check(w.shape == (t, k), f"weights {w} must have the shape of ids")
+        _block_attr_ok(self)
+        rows = t * k + Dim.of(self.attr("num_experts")) * Dim.of(self.attr("capacity_block"))
+        self.expect_result(0, (rows,), "i32")
+        self.expect_result(1, (t * k,), "i32")
+        self.expect_result(2, (rows,), "f32")
+        self.expect_result(3, (1,), "i32")
+
+
+EPILOGUES = ("none", "swiglu")
+
+
+class GroupedGemmW4A16Op(Op):
+    """out[slot] = (x[slot / topk] @ dequant(w_q[e], w_scale[e])) (* weight[slot]), per padded row.
+
+    Output rows are in slot order (padding rows write nothing). epilogue = swiglu applies
+    silu(first half) * second half, halving the columns.
+    """
+    NAME = "moe.grouped_gemm_w4a16"
+    OPERANDS = ("x", "w_q", "w_scale", "sorted_ids", "expert_ids", "total", "weights_flat")
+    RESULTS = ("out",)
+    ATTRS = {"block": Attr("dim"), "topk": Attr("dim"), "mul_topk_weights": Attr("bool"),
+             "group_size": Attr("dim"), "epilogue": Attr("str", "none"), **TILE_ATTRS}
+
+    def verify(self):
+        rows, kdim = self.tensor(self.operands[0], "x", "f16", 2).shape
+        e, kw, n = self.tensor(self.operands[1], "w_q", "i4", 3).shape
+        self.same_dim(kw, kdim, "w_q's K must equal x's columns")
+        g = Dim.of(self.attr("group_size"))
+        if g.is_static and kdim.is_static:
+            self.check(kdim.value % g.value == 0,
+                       f"K = {kdim} must be a multiple of group_size = {g}")
+        self.expect_operand(2, (e, kdim / g, n), "f16")
+        sorted_rows = self.tensor(self.operands[3], "sorted_ids", "i32", 1).shape[0]
+        self.tensor(self.operands[4], "expert_ids", "i32", 1)
+        self.tensor(self.operands[5], "total", "i32", 1)
+        wf = self.tensor(self.operands[6], "weights_flat", "f32", 1)
+        self.same_dim(wf.shape[0], sorted_rows, "weights_flat must lie beside sorted_ids")
+        _block_attr_ok(self)
+        epi = self.attr("epilogue")
+        self.check(epi in EPILOGUES, f"attribute epilogue = {epi!r} must be one of {EPILOGUES}")
+        self.check(not (epi == "swiglu" and self.attr("mul_topk_weights")),
+                   "routing weights must not be applied before the SwiGLU non-linearity")
+        out_n = n / 2 if epi == "swiglu" else n
+        self.expect_result(0, (rows * Dim.of(self.attr("topk")), out_n), "f16")
+
+
+class SwigluOp(Op):
+    """silu(first half of the columns) * second half."""
+    NAME = "moe.swiglu"
+    OPERANDS = ("gate_up",)
+    RESULTS = ("out",)
+
+    def verify(self):
+        s, n2 = self.tensor(self.operands[0], "gate_up", "f16", 2).shape
+        if n2.is_static:
+            self.check(n2.value % 2 == 0, f"gate_up columns ({n2}) must be even")
+        self.expect_result(0, (s, n2 / 2), "f16")
+
+
+class AggregateOp(Op):
+    """out[t] = sum over k of down[t * topk + k], in k order."""
+    NAME = "moe.aggregate"
+    OPERANDS = ("down",)
+    RESULTS = ("out",)
+    ATTRS = {"topk": Attr("dim")}
+
+    def verify(self):
+        s, h = self.tensor(self.operands[0], "down", "f16", 2).shape
+        out = self.tensor(self.results[0], "result", "f16", 2)
+        self.same_dim(out.shape[0] * Dim.of(self.attr("topk")), s,
+                      "rows of down must equal tokens x topk")
+        self.expect_result(0, (out.shape[0], h), "f16")

@@ -1,0 +1,1 @@
+"""Compiler passes (see manager.py for the pass manager and the default pipelines)."""

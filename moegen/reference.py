@@ -1,0 +1,105 @@
+"""The numpy golden model of both pipelines: the public face of `moegen.ir.interp`.
+
+These names and meanings are a contract other tools call. Every function takes numpy arrays;
+integer weights are int8 arrays of int4 values in [-8, 7] (the reference layout, unpacked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import interp
+
+
+def topk_softmax(logits, k: int, renormalize: bool = True):
+    """(ids int32 [T, k], weights float32 [T, k]): descending probability, ties to lower id."""
+    return interp.topk_softmax(np.asarray(logits), k, renormalize)
+
+
+@dataclass
+class Alignment:
+    counts: np.ndarray              # int32 [E]: slots per expert
+    padded_counts: np.ndarray       # int32 [E]: counts rounded up to the block
+    padded_offsets: np.ndarray      # int32 [E]: exclusive prefix sum of padded_counts
+    num_tokens_post_padded: int     # rows of the padded, expert-sorted list
+    sorted_token_ids: np.ndarray    # int32 [num_tokens_post_padded]: slot ids, sentinel T*k
+    expert_ids: np.ndarray          # int32 [num_tokens_post_padded / block]: expert of each block
+    topk_weights_flat: np.ndarray | None  # float32 beside sorted_token_ids, 0 at padding
+
+
+def align_block_size(topk_ids, num_experts: int, block_size: int, topk_weights=None) -> Alignment:
+    """Group the routed slots (slot = token * k + j) by expert and pad each run to the block.
+
+    Slots ascend within each expert; an expert with no slot gets no block.
+    """
+    ids = np.asarray(topk_ids, dtype=np.int32)
+    if ids.ndim == 1:
+        ids = ids[:, None]
+    weights = np.ones(ids.shape, np.float32) if topk_weights is None else np.asarray(topk_weights)
+    counts = interp.count(ids, num_experts)
+    padded, offsets, total = interp.pad_scan(counts, block_size)
+    slots = interp.slot_lists(ids, num_experts)
+    sorted_ids, expert_ids, weights_flat = interp.marlin_indices(slots, counts, offsets, weights,
+                                                                 block_size)
+    n = int(total[0])
+    return Alignment(counts=counts, padded_counts=padded, padded_offsets=offsets,
+                     num_tokens_post_padded=n, sorted_token_ids=sorted_ids[:n],
+                     expert_ids=expert_ids[:n // block_size],
+                     topk_weights_flat=None if topk_weights is None else weights_flat[:n])
+
+
+def moe_w4a16(x, topk_ids, topk_weights, w13_q, w13_scale, w2_q, w2_scale, group_size: int,
+              block_size: int = 8) -> np.ndarray:
+    """float32 [T, H]: out[t] = sum_k w[t,k] * (silu(g) * u) @ W2[e], g | u = x[t] @ W13[e].
+
+    w13_q int8 [E, H, 2I] (columns [0, I) gate, [I, 2I) up), w13_scale [E, H/G, 2I];
+    w2_q int8 [E, I, H], w2_scale [E, I/G, H]; weight = q * scale. Computed in float32 without
+    rounding intermediates (the block size does not change the result).
+    """
+    x = np.asarray(x)
+    ids = np.asarray(topk_ids, dtype=np.int32)
+    k = ids.shape[1]
+    num_experts = w13_q.shape[0]
+    sorted_ids, expert_ids, weights_flat, total = interp.align(ids, topk_weights, num_experts,
+                                                               block_size)
+    route = dict(sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
+                 weights_flat=weights_flat, block=block_size, group_size=group_size)
+    gate_up = interp.grouped_gemm_w4a16(x.astype(np.float32), w13_q, w13_scale, topk=k,
+                                        mul_topk_weights=False, **route)
+    act = interp.swiglu(gate_up)
+    down = interp.grouped_gemm_w4a16(act, w2_q, w2_scale, topk=1, mul_topk_weights=True, **route)
+    return interp.aggregate(down, k).astype(np.float32)
+
+
+def msd_unfold(x, group_size: int = 128, steps: int = 3):
+    """The MSD intermediates: A_max float32 [M, K/G] and the int4 slices int8 [steps, M, K]."""
+    x = np.asarray(x)
+    m, kdim = x.shape
+    groups = x.reshape(m, kdim // group_size, group_size)
+    amax, slices = interp.unfold(groups, steps)
+    return amax, slices.reshape(steps, m, kdim)
+
+
+def msd_matmul(x, w_q, scale, group_size: int = 128, steps: int = 3, accumulate=np.float32):
+    """float32 [M, N] (float64 with accumulate=np.float64): the seed's MSD golden, for any M.
+
+    Per row and group: A_max = max|a|, slices by 7.49 then 14.98 with round-half-even, int32
+    products, merged as (Y1/7.49 + Y2/(7.49*14.98) + ...) * A_max * scale. A group whose A_max
+    is 0 contributes 0.
+    """
+    x = np.asarray(x)
+    w_q = np.asarray(w_q)
+    scale = np.asarray(scale)
+    m, kdim = x.shape
+    if kdim % group_size or w_q.shape[0] != kdim or scale.shape != (kdim // group_size,
+                                                                     w_q.shape[1]):
+        raise ValueError(f"shapes x {x.shape}, w_q {w_q.shape}, scale {scale.shape} do not fit "
+                         f"group_size {group_size}")
+    amax, slices = msd_unfold(x, group_size, steps)
+    acc = np.zeros((m, w_q.shape[1]), dtype=accumulate)
+    for g in range(kdim // group_size):
+        cols = slice(g * group_size, (g + 1) * group_size)
+        y = interp.int_matmul(slices[:, :, cols], w_q[cols])
+        acc = interp.merge(acc, y, amax[:, g], scale[g:g + 1])
+    return acc if accumulate == np.float64 else acc.astype(np.float32)

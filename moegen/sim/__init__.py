@@ -1,0 +1,1 @@
+"""Schedule simulator: executes per-unit action lists, finds hazards and deadlocks, draws timelines."""
