@@ -6,25 +6,75 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .build import build
 from .ir import DimError, ParseError, VerifyError, parse
+from .passes.manager import Context, PassManager, PipelineError
+from .passes.pipelines import default_target, lower
+from .passes.schedule import ScheduleError
 from .quant import QuantFormatError
 from .spec import SpecError, load_spec
 
 # Errors that are the user's input, not moegen's bug: one line, exit 2.
-USER_ERRORS = (SpecError, ParseError, VerifyError, DimError, QuantFormatError, FileNotFoundError,
-               IsADirectoryError)
+USER_ERRORS = (SpecError, ParseError, VerifyError, DimError, QuantFormatError, PipelineError,
+               ScheduleError, FileNotFoundError, IsADirectoryError)
 
 
 class UsageError(Exception):
     """A command that cannot run as asked (bad option value, no GPU, ...)."""
 
 
+def _print_after(name: str, module) -> None:
+    print(f"// ----- IR after {name} ----- //")
+    print(module, end="")
+
+
+def _manager_options(args) -> dict:
+    return {"print_after": set(args.print_ir_after or []),
+            "print_after_all": args.print_ir_after_all, "on_print": _print_after}
+
+
 def cmd_inspect(args) -> int:
     spec = load_spec(args.spec)
-    module = build(spec)
-    print(module, end="")
+    target = args.target or default_target(spec)
+    module, ctx, pm = lower(spec, target, args.pass_pipeline, **_manager_options(args))
+    printed = args.print_ir_after_all or args.print_ir_after
+    if args.buffers:
+        from .passes.alloc import plan_of
+        plan = ctx.results.get("alloc") or plan_of(module, spec.tokens.max)
+        print(plan.table())
+    if args.schedule or args.svg:
+        print(_schedule_report(spec, module, target, args.svg))
+    if not (printed or args.buffers or args.schedule or args.svg):
+        print(f"// pipeline: {pm.pipeline}")
+        print(module, end="")
+    if args.time_passes:
+        print(pm.timing_report(), file=sys.stderr)
     return 0
+
+
+def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
+    from .passes.schedule import derive_slots, generate, loop_stages
+    from .sim.engine import Machine, simulate
+    from .sim.timeline import Panel, ascii_gantt, svg, window
+    if spec.pipeline != "msd_matmul":
+        raise UsageError(f"--schedule: pipeline {spec.pipeline} has no K-loop schedule "
+                         "(msd_matmul has)")
+    loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    cores = spec.targets.ascend.aic_cores if spec.targets.ascend else 24
+    shape = (spec.msd.m, spec.msd.n, spec.quant.group_size, spec.msd.steps)
+    out, panels = [], []
+    for mode in ("basic", "preload"):
+        sched = derive_slots(generate(loop_stages(loop), mode, int(loop.attr("groups"))))
+        checked = simulate(sched, Machine(cores=2))            # hazards and deadlock
+        timed = simulate(sched, Machine(cores=cores), shape=shape, check=False)
+        panel = Panel(f"{mode} ({cores} cores)", timed, window(timed, 6))
+        panels.append(panel)
+        out += [sched.listing(), f"check on 2 cores, {sched.iterations} iterations: "
+                f"{checked.report()}", ascii_gantt(panel, target), ""]
+    if svg_path:
+        Path(svg_path).write_text(svg(panels, target, f"{spec.name}: MSD K loop, "
+                                                      "simulated (moegen.sim cost model)"))
+        out.append(f"wrote {svg_path}")
+    return "\n".join(out).rstrip()
 
 
 def cmd_opt(args) -> int:
@@ -32,8 +82,31 @@ def cmd_opt(args) -> int:
     text = sys.stdin.read() if args.file == "-" else path.read_text()
     module = parse(text, source=str(path))
     module.verify()
+    if args.pass_pipeline:
+        if not args.spec:
+            raise UsageError("--pass-pipeline needs --spec SPEC: the passes read the spec's "
+                             "sizes, schedule and targets")
+        spec = load_spec(args.spec)
+        pm = PassManager(args.pass_pipeline, **_manager_options(args))
+        pm.run(module, Context(spec=spec, target=args.target or default_target(spec)))
+        if args.time_passes:
+            print(pm.timing_report(), file=sys.stderr)
+        if args.print_ir_after_all or args.print_ir_after:
+            return 0
     print(module, end="")
     return 0
+
+
+def _pass_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", choices=("cuda", "ascend"),
+                   help="target whose default pipeline runs (default: the spec's first)")
+    s.add_argument("--pass-pipeline", metavar="PIPELINE",
+                   help="passes to run instead of the default, e.g. "
+                        "'tile{moe-block=8},alloc' ('' runs none)")
+    s.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    s.add_argument("--print-ir-after", metavar="NAME", action="append",
+                   help="print the IR after pass NAME (repeatable)")
+    s.add_argument("--time-passes", action="store_true", help="report the time of each pass")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -44,14 +117,24 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    s = sub.add_parser("inspect", help="print a spec's pipeline as IR",
-                       description="Build the spec's pipeline, verify it and print its IR.")
+    s = sub.add_parser("inspect", help="print a spec's pipeline as IR, its buffers, its schedule",
+                       description="Build the spec's pipeline, run the target's passes (or "
+                                   "--pass-pipeline), verify after each and print the IR.")
     s.add_argument("spec", help="path to a spec.yaml")
+    _pass_options(s)
+    s.add_argument("--buffers", action="store_true",
+                   help="print the workspace plan: buffers, sizes, lifetimes, offsets, peak")
+    s.add_argument("--schedule", action="store_true",
+                   help="print the basic and preload action lists and their simulated timelines")
+    s.add_argument("--svg", metavar="FILE", help="also draw the timelines as SVG into FILE")
     s.set_defaults(func=cmd_inspect)
 
-    s = sub.add_parser("opt", help="parse, verify and print a .mir file",
-                       description="Parse a module in moegen's textual IR, verify it, print it.")
+    s = sub.add_parser("opt", help="parse, verify, transform and print a .mir file",
+                       description="Parse a module in moegen's textual IR, verify it, run "
+                                   "--pass-pipeline over it (with --spec), print it.")
     s.add_argument("file", help="a .mir file, or - for standard input")
+    s.add_argument("--spec", help="the spec the passes read (needed with --pass-pipeline)")
+    _pass_options(s)
     s.set_defaults(func=cmd_opt)
     return p
 

@@ -41,6 +41,10 @@ class Attr:
 
 OPS: dict[str, type["Op"]] = {}
 
+# Attributes the alloc pass may put on any op: the workspace offset of each result
+# (-1 = not in the workspace: a view, or a value the caller provides).
+PASS_ATTRS = {"offsets": Attr("ints", None)}
+
 
 def _attr_ok(kind: str, value: Any) -> bool:
     if kind == "int":
@@ -91,7 +95,7 @@ class Op:
     def attr(self, name: str) -> Any:
         if name in self.attrs:
             return self.attrs[name]
-        spec = self.ATTRS.get(name)
+        spec = self.ATTRS.get(name) or PASS_ATTRS.get(name)
         if spec is None or spec.required:
             raise KeyError(name)
         return spec.default
@@ -149,13 +153,18 @@ class Op:
                    f"gives {len(self.RESULTS)} results ({', '.join(self.RESULTS)}), "
                    f"got {len(self.results)}")
         for key, value in self.attrs.items():
-            spec = self.ATTRS.get(key)
+            spec = self.ATTRS.get(key) or PASS_ATTRS.get(key)
             self.check(spec is not None,
                        f"unknown attribute '{key}' (allowed: {', '.join(self.ATTRS) or 'none'})")
             self.check(_attr_ok(spec.kind, value),
                        f"attribute {key} = {value!r} must be of kind {spec.kind}")
         for key, spec in self.ATTRS.items():
             self.check(not spec.required or key in self.attrs, f"attribute '{key}' is required")
+        offsets = self.attrs.get("offsets")
+        if offsets is not None:
+            self.check(len(offsets) == len(self.results),
+                       f"attribute offsets has {len(offsets)} entries for {len(self.results)} "
+                       "results")
         self.check(self.REGION == (self.region is not None),
                    "must have a body region" if self.REGION else "must not have a region")
 

@@ -35,7 +35,8 @@ class GroupLoopOp(Op):
     NAME = "msd.group_loop"
     OPERANDS = ("init",)
     RESULTS = ("acc",)
-    ATTRS = {"groups": Attr("dim"), "group_size": Attr("dim"), "schedule": Attr("str", None)}
+    ATTRS = {"groups": Attr("dim"), "group_size": Attr("dim"), "tile": Attr("dict", None),
+             "schedule": Attr("str", None), "slots": Attr("dict", None)}
     REGION = True
 
     def verify(self):

@@ -1,0 +1,49 @@
+"""The default pass pipeline of each (pipeline, target), in one place."""
+from __future__ import annotations
+
+from ..build import build
+from ..ir import Module
+from ..spec import Spec
+from .manager import Context, PassManager, PipelineError
+
+DEFAULT_PIPELINES: dict[tuple[str, str], list[str]] = {
+    ("moe_w4a16", "cuda"): [
+        "fuse-align",   # count, pad_scan, slot_lists, marlin_indices -> one moe.align (one launch)
+        "tile",         # moe block per token bucket; GEMM tile: block_n, block_k, warps, stages, split-k
+        "alloc",        # liveness and offsets of every intermediate in one workspace arena
+    ],
+    ("msd_matmul", "cuda"): [
+        "tile",         # columns per CTA, warps
+        "schedule",     # basic | preload action lists; rotating-buffer slots derived
+        "alloc",        # workspace arena (rotating buffers take their slots)
+    ],
+    ("msd_matmul", "ascend"): [
+        "tile",         # TCubeTiling numbers: singleCoreM/N/K, baseM/N/K, depths, tail
+        "schedule",     # basic | preload action lists, flags 0..10, slots derived
+        "alloc",        # workspace arena: A_max, unfolded A, int32 Y with their slots
+    ],
+}
+
+
+def default_pipeline(pipeline: str, target: str) -> str:
+    try:
+        return ",".join(DEFAULT_PIPELINES[(pipeline, target)])
+    except KeyError:
+        served = sorted(p for p, t in DEFAULT_PIPELINES if t == target)
+        raise PipelineError(f"target {target} serves pipeline(s) {', '.join(served)}, "
+                            f"not {pipeline}") from None
+
+
+def default_target(spec: Spec) -> str:
+    return "cuda" if spec.targets.cuda is not None else "ascend"
+
+
+def lower(spec: Spec, target: str | None = None, pipeline: str | None = None, tuning=None,
+          **manager_options) -> tuple[Module, Context, PassManager]:
+    """Build the spec's module and run a pipeline (the target's default unless given)."""
+    target = target or default_target(spec)
+    text = default_pipeline(spec.pipeline, target) if pipeline is None else pipeline
+    pm = PassManager(text, **manager_options)
+    ctx = Context(spec=spec, target=target, tuning=tuning)
+    module = pm.run(build(spec), ctx)
+    return module, ctx, pm

@@ -1,0 +1,123 @@
+"""`tile`: record tile choices as op attributes (visible in the printed IR).
+
+Defaults, documented here and in docs/PASSES.md; a tuning database entry (autotune) overrides
+them when the context carries one.
+
+MoE (`moe_w4a16`):
+- moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, as the
+  seed does: 8 for decode-sized calls (T <= 64 tokens), 32 for prefill (T > 64). A spec with
+  `moe.block_size` or the option ``moe-block=N`` uses that one block for every T.
+- GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``;
+  block_n 128 columns, block_k 64, 4 warps, 4 cp.async stages; split_k is one entry per bucket:
+  at decode sizes the K loop is split until about two CTAs per SM are busy at T = 1 (132 SMs),
+  keeping each split a whole number of quantization groups; 1 for prefill.
+
+MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
+singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
+singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tail),
+baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
+dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
+MSD on CUDA: ``tile = {block_n, warps}`` = 128 columns per CTA, 4 warps.
+"""
+from __future__ import annotations
+
+from ..ir import Module
+from .manager import Context, Option, Pass
+
+DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
+DECODE_BLOCK = 8
+PREFILL_BLOCK = 32
+GEMM_TILE = {"block_n": 128, "block_k": 64, "warps": 4, "stages": 4}
+SM_COUNT = 132             # H100/H200; split-K aims at ~2 CTAs per SM at T = 1
+MSD_CUDA_TILE = {"block_n": 128, "warps": 4}
+
+
+def align_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
+    block = fixed or spec.moe.block_size
+    if block:
+        return [[spec.tokens.max, block]]
+    if spec.tokens.max <= DECODE_MAX_TOKENS:
+        return [[spec.tokens.max, DECODE_BLOCK]]
+    return [[DECODE_MAX_TOKENS, DECODE_BLOCK], [spec.tokens.max, PREFILL_BLOCK]]
+
+
+def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict, group: int) -> int:
+    tiles = active_experts * -(-n // tile["block_n"])
+    unit = max(tile["block_k"], group)
+    split = 1
+    while (split * 2 * tiles <= 2 * SM_COUNT and k_dim % (split * 2 * unit) == 0):
+        split *= 2
+    return split
+
+
+def ascend_msd_tiling(m: int, n: int, k: int, group: int, steps: int, aic_cores: int) -> dict:
+    single_core_n = align_up(-(-n // aic_cores), 64)
+    used = -(-n // single_core_n)
+    return {
+        "m": m, "n": n, "k": k,
+        "single_core_m": steps * m, "single_core_n": single_core_n, "single_core_k": k,
+        "base_m": align_up(steps * m, 16), "base_n": min(single_core_n, 512), "base_k": group,
+        "depth_a1": 2, "depth_b1": 2, "step_m": 1, "step_n": 1, "step_ka": 1, "step_kb": 1,
+        "db_l0c": 1, "used_core_num": used, "tail_n": n - (used - 1) * single_core_n,
+    }
+
+
+class TilePass(Pass):
+    name = "tile"
+    OPTIONS = {
+        "moe-block": Option(int, None, "one moe block size for every token count",
+                            choices=(1, 2, 4, 8, 16, 32, 64, 128)),
+        "block-n": Option(int, None, "GEMM columns per CTA"),
+        "block-k": Option(int, None, "GEMM K per pipeline stage"),
+        "warps": Option(int, None, "warps per CTA"),
+        "stages": Option(int, None, "cp.async pipeline depth"),
+        "split-k": Option(int, None, "K splits at decode sizes"),
+    }
+
+    def apply(self, module: Module, ctx: Context) -> None:
+        spec = ctx.spec
+        tuned = ctx.tuning.lookup(spec, ctx.target) if ctx.tuning is not None else None
+        if spec.pipeline == "moe_w4a16":
+            self._moe(module, ctx, tuned or {})
+        else:
+            self._msd(module, ctx, tuned or {})
+
+    def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
+        spec = ctx.spec
+        fixed = self.option("moe-block") or tuned.get("moe_block")
+        buckets = moe_buckets(spec, fixed)
+        for op in module.function().walk():
+            if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
+                if fixed is not None and fixed > op.attr("block"):
+                    raise ValueError(f"tile{{moe-block={fixed}}}: larger than the routing "
+                                     f"buffers allow (block = {op.attr('block')})")
+                op.attrs["block_buckets"] = [list(b) for b in buckets]
+            if op.NAME == "moe.grouped_gemm_w4a16":
+                tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
+                        for k, v in GEMM_TILE.items()}
+                _, k_dim = op.operands[0].type.shape
+                n = op.operands[1].type.shape[2].value
+                active = spec.moe.top_k
+                split = self.option("split-k", tuned.get("split_k"))
+                decode = split or decode_split_k(k_dim.value, n, active, tile,
+                                                 spec.quant.group_size)
+                tile["split_k"] = [decode if edge <= DECODE_MAX_TOKENS else 1
+                                   for edge, _ in buckets]
+                op.attrs["tile"] = tile
+
+    def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
+        spec = ctx.spec
+        loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+        if ctx.target == "ascend":
+            a = spec.targets.ascend
+            cores = a.aic_cores if a else 24
+            s = spec.msd
+            loop.attrs["tile"] = ascend_msd_tiling(s.m, s.n, s.k, spec.quant.group_size, s.steps,
+                                                   cores)
+        else:
+            loop.attrs["tile"] = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
+                                  for k, v in MSD_CUDA_TILE.items()}
