@@ -6,7 +6,8 @@ from conftest import EXAMPLES, ROOT, run_moegen
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_inspect_examples(path):
     proc = run_moegen("inspect", path, check=True)
-    assert proc.stdout.startswith("module @")
+    assert proc.stdout.startswith("// pipeline: ")
+    assert "\nmodule @" in proc.stdout
     assert "func @" in proc.stdout
 
 
@@ -38,3 +39,45 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     proc = run_moegen("opt", mir)
     assert proc.returncode == 2 and "unknown op 'msd.unfld'" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_inspect_pass_options(tmp_path):
+    spec = ROOT / "examples" / "qwen3-30b-a3b.yaml"
+    out = run_moegen("inspect", spec, "--print-ir-after-all", check=True).stdout
+    assert [l for l in out.splitlines() if l.startswith("// ----- IR after")] == [
+        "// ----- IR after fuse-align ----- //", "// ----- IR after tile ----- //",
+        "// ----- IR after alloc ----- //"]
+    out = run_moegen("inspect", spec, "--print-ir-after", "tile", check=True).stdout
+    assert out.count("// ----- IR after") == 1 and "block_buckets" in out
+    proc = run_moegen("inspect", spec, "--time-passes", check=True)
+    assert "pass timing:" in proc.stderr and "alloc" in proc.stderr
+    out = run_moegen("inspect", spec, "--pass-pipeline", "tile{moe-block=16}", check=True).stdout
+    assert out.startswith("// pipeline: tile{moe-block=16}\n") and "[64, 16]" in out
+    out = run_moegen("inspect", spec, "--buffers", check=True).stdout
+    assert "gate_up" in out and "naive sum" in out and "peak live" in out
+    proc = run_moegen("inspect", spec, "--pass-pipeline", "tile,nope")
+    assert proc.returncode == 2 and "unknown pass 'nope'" in proc.stderr
+
+
+def test_inspect_schedule_svg(tmp_path):
+    svg_file = tmp_path / "t.svg"
+    out = run_moegen("inspect", ROOT / "examples" / "msd-seed.yaml", "--target", "ascend",
+                     "--schedule", "--svg", svg_file, check=True).stdout
+    assert "slots: a_max 2, a_unfold 3, y_int 2" in out and "slots: a_max 1, a_unfold 1" in out
+    assert out.count("no hazard, no deadlock") == 2
+    assert "AIV unfold |" in out and "AIC matmul |" in out
+    assert svg_file.read_text().startswith("<svg")
+    proc = run_moegen("inspect", ROOT / "examples" / "qwen3-30b-a3b.yaml", "--schedule")
+    assert proc.returncode == 2 and "no K-loop schedule" in proc.stderr
+
+
+def test_opt_pass_pipeline(tmp_path):
+    spec = ROOT / "examples" / "moe-seed.yaml"
+    built = run_moegen("inspect", spec, "--pass-pipeline", "", check=True).stdout
+    f = tmp_path / "m.mir"
+    f.write_text(built)
+    out = run_moegen("opt", f, "--spec", spec, "--pass-pipeline", "fuse-align,tile",
+                     check=True).stdout
+    assert "moe.align(" in out and "block_buckets = [[64, 4]]" in out
+    proc = run_moegen("opt", f, "--pass-pipeline", "tile")
+    assert proc.returncode == 2 and "needs --spec" in proc.stderr

@@ -6,7 +6,7 @@ them when the context carries one.
 MoE (`moe_w4a16`):
 - moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, as the
   seed does: 8 for decode-sized calls (T <= 64 tokens), 32 for prefill (T > 64). A spec with
-  `moe.block_size` or the option ``moe-block=N`` uses that one block for every T.
+  `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``;
   block_n 128 columns, block_k 64, 4 warps, 4 cp.async stages; split_k is one entry per bucket:
   at decode sizes the K loop is split until about two CTAs per SM are busy at T = 1 (132 SMs),
@@ -37,12 +37,11 @@ def align_up(x: int, a: int) -> int:
 
 
 def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
+    """[[max_tokens, block], ...]: decode-sized and prefill buckets (one when tokens.max <= 64)."""
     block = fixed or spec.moe.block_size
-    if block:
-        return [[spec.tokens.max, block]]
     if spec.tokens.max <= DECODE_MAX_TOKENS:
-        return [[spec.tokens.max, DECODE_BLOCK]]
-    return [[DECODE_MAX_TOKENS, DECODE_BLOCK], [spec.tokens.max, PREFILL_BLOCK]]
+        return [[spec.tokens.max, block or DECODE_BLOCK]]
+    return [[DECODE_MAX_TOKENS, block or DECODE_BLOCK], [spec.tokens.max, block or PREFILL_BLOCK]]
 
 
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict, group: int) -> int:

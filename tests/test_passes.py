@@ -1,0 +1,226 @@
+import re
+
+import networkx as nx
+import pytest
+
+import moegen
+from moegen.ir import parse
+from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
+from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
+from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
+from moegen.passes.tile import ascend_msd_tiling
+from conftest import EXAMPLES, ROOT
+
+MOE = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
+
+
+# --- pipeline strings --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["tile", "tile{moe-block=8},alloc,schedule{mode=preload}",
+                                  "fuse-align,tile{block-n=64,stages=3},alloc{alignment=512}",
+                                  "schedule{mode=basic}"])
+def test_pipeline_round_trip(text):
+    assert print_pipeline(parse_pipeline(text)) == text
+
+
+def test_pipeline_spaces_normalise():
+    assert print_pipeline(parse_pipeline(" tile { moe-block = 8 } , alloc ")) == \
+        "tile{moe-block=8},alloc"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tile,bogus", "unknown pass 'bogus'"),
+    ("tile{moe-blok=8}", "tile: unknown option 'moe-blok'"),
+    ("tile{moe-block=7}", "tile{moe-block=7}: must be one of"),
+    ("tile{moe-block=x}", "must be int"),
+    ("schedule{mode=fast}", "schedule{mode=fast}: must be one of basic, preload"),
+    ("tile{moe-block}", "must be written key=value"),
+    ("tile{{", "bad pipeline"),
+    ("alloc{alignment=0}", "must be >= 1"),
+])
+def test_bad_pipelines_fail_clearly(text, message):
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        parse_pipeline(text)
+
+
+def test_default_pipelines_are_flat_lists_of_known_passes():
+    for key, names in DEFAULT_PIPELINES.items():
+        assert [p.name for p in parse_pipeline(",".join(names))] == names
+
+
+def test_pass_must_fit_the_pipeline():
+    with pytest.raises(PipelineError, match="does not apply to pipeline moe_w4a16"):
+        lower(MOE, "cuda", "schedule")
+    with pytest.raises(PipelineError, match="serves pipeline"):
+        lower(MOE, "ascend")
+
+
+def test_manager_verifies_after_every_pass():
+    from moegen.passes.manager import Pass
+
+    class Breaker(Pass):
+        name = "test-breaker"
+
+        def apply(self, module, ctx):
+            module.function().ops[0].attrs["k"] = 0
+
+    with pytest.raises(moegen.ir.VerifyError, match="after pass 'test-breaker'.*k = 0"):
+        PassManager([Breaker()]).run(moegen.build(MOE), Context(MOE))
+
+
+def test_print_ir_after():
+    seen = []
+    PassManager("fuse-align,tile,alloc", print_after={"tile"},
+                on_print=lambda name, m: seen.append((name, str(m)))).run(moegen.build(MOE),
+                                                                         Context(MOE))
+    assert [n for n, _ in seen] == ["tile"]
+    assert "block_buckets" in seen[0][1] and "offsets" not in seen[0][1]
+    with pytest.raises(PipelineError, match="not in the pipeline"):
+        PassManager("tile", print_after={"alloc"})
+
+
+# --- each pass's printed output (FileCheck style: lines in order) --------------------------------
+
+def check_lines(text, patterns):
+    pos = 0
+    for pat in patterns:
+        m = re.compile(pat).search(text, pos)
+        assert m, f"{pat!r} not found after offset {pos} in:\n{text[pos:pos + 2000]}"
+        pos = m.end()
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if "msd" not in p.name], ids=lambda p: p.stem)
+def test_moe_passes_printed(path):
+    spec = moegen.load_spec(path)
+    module, ctx, pm = lower(spec, "cuda")
+    text = str(module)
+    assert parse(text).verify() is None and str(parse(text)) == text
+    fixed = spec.moe.block_size
+    buckets = f"[[{spec.tokens.max}, {fixed}]]" if spec.tokens.max <= 64 else \
+        f"[[64, {fixed or 8}], [{spec.tokens.max}, {fixed or 32}]]"
+    check_lines(text, [
+        r"workspace = \{bytes = \d+",
+        r"moe\.topk_softmax\(%router_logits\)",
+        r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
+        + ".*block_buckets = " + re.escape(buckets),
+        r"%gate_up = moe\.grouped_gemm_w4a16\(.*tile = \{block_n = 128, block_k = 64, warps = 4, "
+        r"stages = 4, split_k = \[",
+        r"%activation = moe\.swiglu",
+        r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
+        r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
+    ])
+    assert "moe.count" not in text and "moe.slot_lists" not in text
+
+
+def test_tile_options_override_defaults():
+    module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,block-n=64,split-k=4,stages=3}")
+    text = str(module)
+    assert "block_buckets = [[64, 16], [8192, 16]]" in text
+    assert "tile = {block_n = 64, block_k = 64, warps = 4, stages = 3, split_k = [4, 1]}" in text
+
+
+def test_split_k_keeps_whole_groups_and_fills_the_gpu():
+    module, _, _ = lower(moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml"), "cuda")
+    gemms = [op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"]
+    for op in gemms:
+        split = op.attrs["tile"]["split_k"][0]
+        k = op.operands[0].type.shape[1].value
+        assert k % (split * 128) == 0
+    # Mixtral at T=1: 2 experts x 28672/128 = 448 tiles already fill the GPU; down has 64 tiles
+    assert gemms[0].attrs["tile"]["split_k"][0] == 1
+    assert gemms[1].attrs["tile"]["split_k"][0] == 4
+
+
+def test_ascend_tiling_matches_the_sample():
+    t = ascend_msd_tiling(1, 12288, 8192, 128, 3, 24)
+    assert (t["single_core_m"], t["base_m"], t["base_k"], t["single_core_n"], t["base_n"],
+            t["single_core_k"]) == (3, 16, 128, 512, 512, 8192)
+    assert (t["depth_a1"], t["depth_b1"], t["db_l0c"], t["step_m"], t["step_ka"]) == (2, 2, 1, 1, 1)
+    assert t["used_core_num"] == 24 and t["tail_n"] == 512
+
+
+@pytest.mark.parametrize("m,n,k,steps", [(5, 4160, 1024, 3), (16, 4096, 8192, 2), (1, 64, 128, 1),
+                                         (3, 100000, 256, 3)])
+def test_ascend_tiling_any_shape(m, n, k, steps):
+    t = ascend_msd_tiling(m, n, k, 128, steps, 24)
+    assert t["single_core_m"] == steps * m and t["base_m"] % 16 == 0
+    assert t["base_m"] >= steps * m > t["base_m"] - 16
+    assert t["single_core_n"] % 64 == 0 and t["base_n"] <= 512
+    covered = (t["used_core_num"] - 1) * t["single_core_n"] + t["tail_n"]
+    assert covered == n and 0 < t["tail_n"] <= t["single_core_n"] and t["used_core_num"] <= 24
+
+
+def test_msd_passes_printed():
+    module, ctx, _ = lower(MSD, "ascend")
+    check_lines(str(module), [
+        r"%acc = msd\.group_loop\(%zero\) \{groups = 64, group_size = 128, tile = \{m = 1, "
+        r"n = 12288, k = 8192, single_core_m = 3, single_core_n = 512",
+        r"schedule = \"preload\", slots = \{a_max = 2, a_unfold = 3, y_int = 2\}",
+        r"msd\.unfold", r"msd\.int_matmul", r"msd\.merge", r"msd\.yield", r"tensor\.cast",
+    ])
+    module, _, _ = lower(MSD, "cuda", "tile,schedule{mode=basic},alloc")
+    assert 'schedule = "basic", slots = {a_max = 1, a_unfold = 1, y_int = 1}' in str(module)
+
+
+# --- alloc -------------------------------------------------------------------------------------
+
+def random_dag_buffers(rng, n_ops):
+    """Buffers of a random DAG in topological order: each op reads 1-3 earlier values."""
+    g = nx.gnp_random_graph(n_ops, 0.2, seed=int(rng.integers(1 << 30)), directed=True)
+    dag = nx.DiGraph([(u, v) for u, v in g.edges if u < v])
+    dag.add_nodes_from(range(n_ops))
+    bufs = []
+    for v in range(n_ops):
+        last = max([w for w in dag.successors(v)], default=v)
+        bufs.append(Buffer(f"v{v}", int(rng.integers(1, 5000)), v, last))
+    return bufs
+
+
+def test_alloc_never_overlaps_live_buffers(rng):
+    for _ in range(200):
+        bufs = random_dag_buffers(rng, int(rng.integers(2, 40)))
+        align = int(rng.choice([1, 64, 256]))
+        assign_offsets(bufs, align)
+        for i, a in enumerate(bufs):
+            assert a.offset % align == 0
+            for b in bufs[i + 1:]:
+                if a.live_with(b):
+                    assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset
+        peak = max(sum(b.size for b in bufs if b.start <= t <= b.end)
+                   for t in range(max(b.end for b in bufs) + 1))
+        assert max(b.offset + b.size for b in bufs) >= peak
+
+
+def test_alloc_check_catches_overlap():
+    a, b = Buffer("a", 512, 0, 2, offset=0), Buffer("b", 512, 1, 3, offset=256)
+    with pytest.raises(AllocError, match="live together and overlap"):
+        check_no_overlap([a, b], 256)
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if "msd" not in p.name], ids=lambda p: p.stem)
+def test_alloc_moe_shares_memory(path):
+    spec = moegen.load_spec(path)
+    module, ctx, _ = lower(spec, "cuda")
+    plan = ctx.results["alloc"]
+    assert plan.size < plan.naive
+    by = {b.name: b for b in plan.buffers}
+    # gate/up output dies in the SwiGLU: the down output reuses its memory
+    assert by["down"].offset < by["gate_up"].offset + by["gate_up"].size
+    assert by["gate_up"].size == spec.tokens.max * spec.moe.top_k * 2 * spec.moe.intermediate_size * 2
+    assert module.attrs["workspace"]["bytes"] == plan.size
+    for op in module.function().ops:
+        for r, off in zip(op.results, op.attrs.get("offsets", [])):
+            if off >= 0:
+                assert by[r.name].offset == off
+
+
+def test_alloc_msd_rotating_buffers_take_their_slots():
+    module, ctx, _ = lower(MSD, "ascend")
+    by = {b.name: b for b in ctx.results["alloc"].buffers}
+    assert by["a_unfold"].slots == 3 and by["a_unfold"].size == 3 * (3 * 1 * 128 // 2)
+    assert by["y_int"].slots == 2 and by["y_int"].size == 2 * 3 * 12288 * 4
+    assert by["a_max"].slots == 2
+    assert "x_g" not in by and "acc_out" not in by  # views and the in-place accumulator
+    plan = plan_of(module, MSD.tokens.max)
+    assert plan.size == ctx.results["alloc"].size
