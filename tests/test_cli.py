@@ -45,7 +45,8 @@ def test_inspect_pass_options(tmp_path):
     spec = ROOT / "examples" / "qwen3-30b-a3b.yaml"
     out = run_moegen("inspect", spec, "--print-ir-after-all", check=True).stdout
     assert [l for l in out.splitlines() if l.startswith("// ----- IR after")] == [
-        "// ----- IR after fuse-align ----- //", "// ----- IR after tile ----- //",
+        "// ----- IR after fuse-align ----- //", "// ----- IR after fuse-swiglu ----- //",
+        "// ----- IR after tile ----- //",
         "// ----- IR after alloc ----- //"]
     out = run_moegen("inspect", spec, "--print-ir-after", "tile", check=True).stdout
     assert out.count("// ----- IR after") == 1 and "block_buckets" in out
@@ -54,7 +55,7 @@ def test_inspect_pass_options(tmp_path):
     out = run_moegen("inspect", spec, "--pass-pipeline", "tile{moe-block=16}", check=True).stdout
     assert out.startswith("// pipeline: tile{moe-block=16}\n") and "[64, 16]" in out
     out = run_moegen("inspect", spec, "--buffers", check=True).stdout
-    assert "gate_up" in out and "naive sum" in out and "peak live" in out
+    assert "activation" in out and "naive sum" in out and "peak live" in out
     proc = run_moegen("inspect", spec, "--pass-pipeline", "tile,nope")
     assert proc.returncode == 2 and "unknown pass 'nope'" in proc.stderr
 

@@ -19,6 +19,7 @@ MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
 
 @pytest.mark.parametrize("text", ["tile", "tile{moe-block=8},alloc,schedule{mode=preload}",
                                   "fuse-align,tile{block-n=64,stages=3},alloc{alignment=512}",
+                                  "fuse-align,fuse-swiglu,tile{warps=2,split-k=2}",
                                   "schedule{mode=basic}"])
 def test_pipeline_round_trip(text):
     assert print_pipeline(parse_pipeline(text)) == text
@@ -104,32 +105,33 @@ def test_moe_passes_printed(path):
         r"moe\.topk_softmax\(%router_logits\)",
         r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
         + ".*block_buckets = " + re.escape(buckets),
-        r"%gate_up = moe\.grouped_gemm_w4a16\(.*tile = \{block_n = 128, block_k = 64, warps = 4, "
-        r"stages = 4, split_k = \[",
-        r"%activation = moe\.swiglu",
+        r"%activation = moe\.grouped_gemm_w4a16\(.*epilogue = \"swiglu\".*tile = \{block_n = 64, "
+        r"warps = \d, stages = 4, split_k = \[",
         r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
         r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
     ])
-    assert "moe.count" not in text and "moe.slot_lists" not in text
+    assert "moe.count" not in text and "moe.slot_lists" not in text and "moe.swiglu" not in text
 
 
 def test_tile_options_override_defaults():
-    module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,block-n=64,split-k=4,stages=3}")
+    module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,warps=2,split-k=4,stages=3}")
     text = str(module)
     assert "block_buckets = [[64, 16], [8192, 16]]" in text
-    assert "tile = {block_n = 64, block_k = 64, warps = 4, stages = 3, split_k = [4, 1]}" in text
+    assert "tile = {block_n = 64, warps = 2, stages = 3, split_k = [4, 1]}" in text
+    with pytest.raises(PipelineError, match="does not split"):
+        lower(MOE, "cuda", "tile{split-k=64}")
 
 
-def test_split_k_keeps_whole_groups_and_fills_the_gpu():
+def test_split_k_divides_k_and_fills_the_gpu():
     module, _, _ = lower(moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml"), "cuda")
     gemms = [op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"]
     for op in gemms:
-        split = op.attrs["tile"]["split_k"][0]
+        tile = op.attrs["tile"]
         k = op.operands[0].type.shape[1].value
-        assert k % (split * 128) == 0
-    # Mixtral at T=1: 2 experts x 28672/128 = 448 tiles already fill the GPU; down has 64 tiles
+        assert (k // 16) % (tile["split_k"][0] * tile["warps"]) == 0
+    # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles
     assert gemms[0].attrs["tile"]["split_k"][0] == 1
-    assert gemms[1].attrs["tile"]["split_k"][0] == 4
+    assert gemms[1].attrs["tile"]["split_k"][0] == 2
 
 
 def test_ascend_tiling_matches_the_sample():
@@ -206,8 +208,12 @@ def test_alloc_moe_shares_memory(path):
     assert plan.size < plan.naive
     by = {b.name: b for b in plan.buffers}
     # gate/up output dies in the SwiGLU: the down output reuses its memory
-    assert by["down"].offset < by["gate_up"].offset + by["gate_up"].size
-    assert by["gate_up"].size == spec.tokens.max * spec.moe.top_k * 2 * spec.moe.intermediate_size * 2
+    assert by["activation"].size == spec.tokens.max * spec.moe.top_k * spec.moe.intermediate_size * 2
+    # with the seed's separate SwiGLU, gate/up output dies in the SwiGLU: down reuses its memory
+    _, ctx2, _ = lower(spec, "cuda", "fuse-align,tile,alloc")
+    by2 = {b.name: b for b in ctx2.results["alloc"].buffers}
+    assert by2["down"].offset < by2["gate_up"].offset + by2["gate_up"].size
+    assert ctx2.results["alloc"].size < ctx2.results["alloc"].naive
     assert module.attrs["workspace"]["bytes"] == plan.size
     for op in module.function().ops:
         for r, off in zip(op.results, op.attrs.get("offsets", [])):

@@ -9,6 +9,7 @@ from .manager import Context, PassManager, PipelineError
 DEFAULT_PIPELINES: dict[tuple[str, str], list[str]] = {
     ("moe_w4a16", "cuda"): [
         "fuse-align",   # count, pad_scan, slot_lists, marlin_indices -> one moe.align (one launch)
+        "fuse-swiglu",  # SwiGLU in the gate/up GEMM's epilogue (leave out: separate kernel)
         "tile",         # moe block per token bucket; GEMM tile: block_n, block_k, warps, stages, split-k
         "alloc",        # liveness and offsets of every intermediate in one workspace arena
     ],

@@ -7,10 +7,12 @@ MoE (`moe_w4a16`):
 - moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, as the
   seed does: 8 for decode-sized calls (T <= 64 tokens), 32 for prefill (T > 64). A spec with
   `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket.
-- GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``;
-  block_n 128 columns, block_k 64, 4 warps, 4 cp.async stages; split_k is one entry per bucket:
-  at decode sizes the K loop is split until about two CTAs per SM are busy at T = 1 (132 SMs),
-  keeping each split a whole number of quantization groups; 1 for prefill.
+- GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
+  64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range, each
+  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: at
+  decode sizes the K loop is split over CTAs until about two CTAs per SM are busy at T = 1
+  (132 SMs); 1 for prefill. K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
+  when it does not).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -22,12 +24,12 @@ MSD on CUDA: ``tile = {block_n, warps}`` = 128 columns per CTA, 4 warps.
 from __future__ import annotations
 
 from ..ir import Module
-from .manager import Context, Option, Pass
+from .manager import Context, Option, Pass, PipelineError
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
 PREFILL_BLOCK = 32
-GEMM_TILE = {"block_n": 128, "block_k": 64, "warps": 4, "stages": 4}
+GEMM_TILE = {"block_n": 64, "warps": 4, "stages": 4}
 SM_COUNT = 132             # H100/H200; split-K aims at ~2 CTAs per SM at T = 1
 MSD_CUDA_TILE = {"block_n": 128, "warps": 4}
 
@@ -44,13 +46,19 @@ def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
     return [[DECODE_MAX_TOKENS, block or DECODE_BLOCK], [spec.tokens.max, block or PREFILL_BLOCK]]
 
 
-def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict, group: int) -> int:
+def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     tiles = active_experts * -(-n // tile["block_n"])
-    unit = max(tile["block_k"], group)
     split = 1
-    while (split * 2 * tiles <= 2 * SM_COUNT and k_dim % (split * 2 * unit) == 0):
+    while split * 2 * tiles <= 2 * SM_COUNT and (k_dim // 16) % (split * 2 * tile["warps"]) == 0:
         split *= 2
     return split
+
+
+def fit_warps(k_dim: int, warps: int) -> int:
+    """The most warps (<= warps) that split K/16 steps evenly."""
+    while warps > 1 and (k_dim // 16) % warps:
+        warps //= 2
+    return warps
 
 
 def ascend_msd_tiling(m: int, n: int, k: int, group: int, steps: int, aic_cores: int) -> dict:
@@ -70,10 +78,9 @@ class TilePass(Pass):
     OPTIONS = {
         "moe-block": Option(int, None, "one moe block size for every token count",
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
-        "block-n": Option(int, None, "GEMM columns per CTA"),
-        "block-k": Option(int, None, "GEMM K per pipeline stage"),
-        "warps": Option(int, None, "warps per CTA"),
-        "stages": Option(int, None, "cp.async pipeline depth"),
+        "block-n": Option(int, None, "GEMM columns per CTA (the packed tile: 64)", choices=(64,)),
+        "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
+        "stages": Option(int, None, "k16 steps of weights each warp keeps in flight"),
         "split-k": Option(int, None, "K splits at decode sizes"),
     }
 
@@ -92,18 +99,20 @@ class TilePass(Pass):
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
                 if fixed is not None and fixed > op.attr("block"):
-                    raise ValueError(f"tile{{moe-block={fixed}}}: larger than the routing "
+                    raise PipelineError(f"tile{{moe-block={fixed}}}: larger than the routing "
                                      f"buffers allow (block = {op.attr('block')})")
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.grouped_gemm_w4a16":
                 tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
                         for k, v in GEMM_TILE.items()}
-                _, k_dim = op.operands[0].type.shape
+                k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
-                active = spec.moe.top_k
+                tile["warps"] = fit_warps(k_dim, tile["warps"])
                 split = self.option("split-k", tuned.get("split_k"))
-                decode = split or decode_split_k(k_dim.value, n, active, tile,
-                                                 spec.quant.group_size)
+                if split and (k_dim // 16) % (split * tile["warps"]):
+                    raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
+                                     f"{split} x {tile['warps']} warps of k16 steps")
+                decode = split or decode_split_k(k_dim, n, spec.moe.top_k, tile)
                 tile["split_k"] = [decode if edge <= DECODE_MAX_TOKENS else 1
                                    for edge, _ in buckets]
                 op.attrs["tile"] = tile

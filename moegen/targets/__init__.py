@@ -1,0 +1,1 @@
+"""Code generation targets: cuda (CUDA C++ through CuPy) and ascend (AscendC op projects)."""

@@ -1,0 +1,75 @@
+"""The weight layout the CUDA W4A16 GEMM reads, and its inverse (host side, numpy, offline).
+
+For a weight q [E, K, N] (int4 values in [-8, 7]) with scales [E, K/G, N]:
+- columns are padded to a multiple of 64 (zero weights, zero scales); for the gate/up weight the
+  64-column tile t holds gate columns [32t, 32t + 32) then up columns [I + 32t, I + 32t + 32), so
+  one CTA sees both halves of its SwiGLU outputs;
+- words [E, K/16, N/64, 32 lanes, 4] uint32: lane l's word j holds, for n8 tiles 2j and 2j + 1
+  of the 16 x 64 tile, the values its mma.sync m16n8k16 B fragments need (k = 2 (l % 4) + {0, 1}
+  and + 8, n = l / 4); nibble i of the word is k offset 8 (i % 2) + i // 4, tile offset
+  (i % 4) // 2, stored as q + 8 (so `dequant8` in moegen_w4a16.cuh unpacks two per lop3);
+- scales [E, K/G, N/64, 8, 8] fp16: [.., n, j] is the scale of column 8 j + n, so lane l reads
+  its eight tiles' scales in one 16-byte load at n = l / 4.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LANE = np.arange(32)[:, None, None]
+WORD = np.arange(4)[None, :, None]
+NIBBLE = np.arange(8)[None, None, :]
+K_OF = 2 * (LANE % 4) + 8 * (NIBBLE % 2) + NIBBLE // 4                 # [32, 1, 8]
+N_OF = (2 * WORD + (NIBBLE % 4) // 2) * 8 + LANE // 4                  # [32, 4, 8]
+K_IDX, N_IDX = np.broadcast_arrays(K_OF, N_OF)
+
+
+def gate_up_columns(intermediate: int) -> np.ndarray:
+    """Column order of the packed gate/up weight: per 64-column tile 32 gate then 32 up."""
+    tiles = intermediate // 32
+    gate = np.arange(intermediate).reshape(tiles, 32)
+    return np.concatenate([gate, gate + intermediate], axis=1).ravel()
+
+
+def padded_columns(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def pack_weights(q: np.ndarray, scales: np.ndarray, group: int,
+                 columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """q int8 [E, K, N], scales fp16 [E, K/G, N] -> (words uint32, scales fp16) as above."""
+    q = np.asarray(q)
+    scales = np.asarray(scales, dtype=np.float16)
+    e, k, n = q.shape
+    if k % 16 or k % group:
+        raise ValueError(f"K = {k} must be a multiple of 16 and of the group size {group}")
+    if columns is not None:
+        q, scales = q[..., columns], scales[..., columns]
+    npad = padded_columns(n)
+    if npad != n:
+        q = np.concatenate([q, np.zeros((e, k, npad - n), q.dtype)], axis=-1)
+        scales = np.concatenate([scales, np.zeros((e, k // group, npad - n), np.float16)], axis=-1)
+    u = ((q.astype(np.int16) + 8) & 0xF).astype(np.uint32)              # q + 8, in 0..15
+    tiles = u.reshape(e, k // 16, 16, npad // 64, 64).transpose(0, 1, 3, 2, 4)
+    nib = tiles[..., K_IDX, N_IDX]                                       # [E, K/16, N/64, 32, 4, 8]
+    words = np.zeros(nib.shape[:-1], np.uint32)
+    for i in range(8):
+        words |= nib[..., i] << np.uint32(4 * i)
+    s = scales.reshape(e, k // group, npad // 64, 8, 8).swapaxes(-1, -2)  # [.., n, j]
+    return np.ascontiguousarray(words), np.ascontiguousarray(s)
+
+
+def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
+                   columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of `pack_weights`: (q int8 [E, K, N], scales fp16 [E, K/G, N])."""
+    e, ksteps, ntiles = words.shape[:3]
+    nib = np.stack([(words >> np.uint32(4 * i)) & 0xF for i in range(8)], axis=-1)
+    tiles = np.zeros((e, ksteps, ntiles, 16, 64), np.int16)
+    tiles[..., K_IDX, N_IDX] = nib.astype(np.int16)
+    q = tiles.transpose(0, 1, 3, 2, 4).reshape(e, ksteps * 16, ntiles * 64) - 8
+    s = packed_scales.swapaxes(-1, -2).reshape(e, packed_scales.shape[1], ntiles * 64)
+    keep = n if columns is None else len(columns)
+    q, s = q[..., :keep], s[..., :keep]
+    if columns is not None:
+        inverse = np.argsort(columns)
+        q, s = q[..., inverse], s[..., inverse]
+    return q.astype(np.int8), s.astype(np.float16)
