@@ -1,0 +1,235 @@
+"""Run generated kernels through CuPy: compile, own the workspace and the weight layout, launch.
+
+A layer call launches the kernels of the launch plan on the current stream (PyTorch's current
+stream when the inputs are PyTorch tensors), never reads device memory back to the host and
+allocates nothing: grids are sized from the token count for the worst case and kernels exit
+early, so a call can be captured in a CUDA graph and replayed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...passes.pipelines import DEFAULT_PIPELINES, lower
+from ...resources import data_dir
+from ...spec import load_spec
+from .emitter import CudaProgram, emit_moe, max_blocks
+from .layout import gate_up_columns, pack_weights
+
+
+class CudaUnavailable(RuntimeError):
+    """No CuPy or no GPU: the message says which, in one line."""
+
+
+def _cupy():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise CudaUnavailable("no CUDA GPU is visible")
+        return cupy
+    except ImportError:
+        raise CudaUnavailable("CuPy is not installed (pip install 'moegen[cuda]', or the "
+                              "cupy-cudaXXx wheel for your CUDA)") from None
+    except Exception as exc:  # CUDA driver errors arrive as cupy exceptions
+        if isinstance(exc, CudaUnavailable):
+            raise
+        raise CudaUnavailable(f"no usable CUDA GPU ({exc})") from None
+
+
+def device_arch() -> str:
+    """The current GPU's architecture, e.g. sm_90."""
+    return f"sm_{_cupy().cuda.Device().compute_capability}"
+
+
+def compile_program(program: CudaProgram, arch: str, stem: str):
+    """CuPy RawModule of the program's source, for `arch`; failures name the source and options."""
+    cp = _cupy()
+    include = data_dir("templates") / "cuda"
+    options = ("--std=c++17", f"--gpu-architecture={arch}", f"-I{include}")
+    try:
+        return cp.RawModule(code=program.source, options=options)
+    except cp.cuda.compiler.CompileException as exc:
+        dump = Path.cwd() / f"{stem}.failed.cu"
+        dump.write_text(program.source)
+        raise RuntimeError(f"NVRTC failed to compile {dump} with options {' '.join(options)}:\n"
+                           f"{exc}") from None
+
+
+def as_device(cp, value, name: str, dtype, shape: tuple | None = None):
+    """A CuPy view of a CuPy array or DLPack tensor (no copy); checks dtype, shape, layout."""
+    if isinstance(value, cp.ndarray):
+        arr = value
+    elif hasattr(value, "__dlpack__"):
+        arr = cp.from_dlpack(value)
+    else:
+        raise TypeError(f"{name}: expected a CuPy array or a DLPack tensor on the GPU, got "
+                        f"{type(value).__name__}")
+    if arr.dtype != np.dtype(dtype):
+        raise TypeError(f"{name}: dtype {arr.dtype}, expected {np.dtype(dtype)}")
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(arr.shape)}, expected {tuple(shape)}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name}: must be C-contiguous")
+    return arr
+
+
+def _stream_for(cp, *values):
+    """PyTorch's current stream for PyTorch inputs, else CuPy's current stream."""
+    for v in values:
+        if type(v).__module__.startswith("torch"):
+            import torch
+            return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return cp.cuda.get_current_stream()
+
+
+@dataclass
+class PackedMoeWeights:
+    """Weights in the kernels' layout (device arrays), from `MoeW4A16.pack`."""
+    w13: object
+    w13_scales: object
+    w2: object
+    w2_scales: object
+
+
+class MoeW4A16:
+    """The W4A16 MoE layer of a spec, compiled for the current GPU.
+
+    layer = MoeW4A16("examples/qwen3-30b-a3b.yaml")
+    weights = layer.pack(w13_q, w13_scale, w2_q, w2_scale)        # reference layout, once
+    y = layer(x, router_logits, weights)                          # fp16 [T, H]
+    y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
+
+    The result is a view of the layer's output buffer, valid until the next call; pass
+    `out=` (fp16 [T, H]) to write elsewhere.
+    """
+
+    def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
+                 arch: str | None = None, tuning=None):
+        cp = _cupy()
+        self.spec = load_spec(spec)
+        if self.spec.pipeline != "moe_w4a16":
+            raise ValueError(f"MoeW4A16 needs pipeline moe_w4a16, the spec has "
+                             f"{self.spec.pipeline}")
+        if pipeline is None:
+            passes = DEFAULT_PIPELINES[("moe_w4a16", "cuda")]
+            pipeline = ",".join(p for p in passes if fuse_swiglu or p != "fuse-swiglu")
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning)
+        self.arch = arch or device_arch()
+        self.program = emit_moe(self.spec, module, pm.pipeline, self.arch)
+        self.plan = self.program.plan
+        self.module = compile_program(self.program, self.arch, self.spec.name)
+        self.kernels = {}
+        for k in self.plan["kernels"]:
+            self.kernels[k["name"]] = self.module.get_function(k["name"])
+        if "moe_swiglu" not in self.kernels:
+            self.kernels["moe_swiglu"] = self.module.get_function("moe_swiglu")
+        ws = self.plan["workspace"]
+        self.workspace = cp.zeros(ws["bytes"], dtype=cp.uint8)   # once; counters start at 0
+        m = self.spec.moe
+        self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
+        self.gemms = self.plan["gemms"]
+
+    # --- workspace views --------------------------------------------------------------------
+    def _view(self, cp, name: str, dtype, count: int):
+        b = self.plan["workspace"]["buffers"][name]
+        return cp.ndarray((count,), dtype=dtype, memptr=self.workspace.data + b["offset"])
+
+    def _scratch(self, cp, which: str, dtype):
+        s = self.plan["workspace"][which]
+        n = max(s.get("bytes", 0) // 4, s.get("ints", 0), 1)
+        return cp.ndarray((n,), dtype=dtype, memptr=self.workspace.data + s["offset"])
+
+    # --- weights ----------------------------------------------------------------------------
+    def pack(self, w13_q, w13_scale, w2_q, w2_scale) -> PackedMoeWeights:
+        """Reference layout (numpy or device arrays) -> the kernels' layout on the GPU (offline)."""
+        cp = _cupy()
+        m, g = self.spec.moe, self.spec.quant.group_size
+        host = [cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
+                for a in (w13_q, w13_scale, w2_q, w2_scale)]
+        want = [(m.num_experts, m.hidden_size, 2 * m.intermediate_size),
+                (m.num_experts, m.hidden_size // g, 2 * m.intermediate_size),
+                (m.num_experts, m.intermediate_size, m.hidden_size),
+                (m.num_experts, m.intermediate_size // g, m.hidden_size)]
+        for name, a, shape in zip(("w13_q", "w13_scale", "w2_q", "w2_scale"), host, want):
+            if a.shape != shape:
+                raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
+        w13, s13 = pack_weights(host[0], host[1], g, gate_up_columns(m.intermediate_size))
+        w2, s2 = pack_weights(host[2], host[3], g)
+        return PackedMoeWeights(*(cp.asarray(a) for a in (w13, s13, w2, s2)))
+
+    # --- the layer --------------------------------------------------------------------------
+    def __call__(self, x, logits_or_weights, weights: PackedMoeWeights | None = None, *,
+                 topk_ids=None, topk_weights=None, out=None):
+        cp = _cupy()
+        m = self.spec.moe
+        if isinstance(logits_or_weights, PackedMoeWeights):
+            logits, weights = None, logits_or_weights
+        else:
+            logits = logits_or_weights
+        if not isinstance(weights, PackedMoeWeights):
+            raise TypeError("weights: expected the PackedMoeWeights that layer.pack returned")
+        stream = _stream_for(cp, x, logits, topk_ids, out)
+        xa = as_device(cp, x, "x", np.float16)
+        if xa.ndim != 2 or xa.shape[1] != m.hidden_size:
+            raise ValueError(f"x: shape {tuple(xa.shape)}, expected [T, {m.hidden_size}]")
+        t = xa.shape[0]
+        if t > self.spec.tokens.max:
+            raise ValueError(f"x: {t} tokens exceed the spec's tokens.max ({self.spec.tokens.max})")
+        y = (self.out[:t] if out is None else
+             as_device(cp, out, "out", np.float16, (t, m.hidden_size)))
+        if t == 0:
+            return y if out is None else out
+        k, slots = m.top_k, t * m.top_k
+        with stream:
+            if logits is not None:
+                if topk_ids is not None or topk_weights is not None:
+                    raise ValueError("give router logits or topk_ids/topk_weights, not both")
+                la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
+                ids = self._view(cp, "topk_ids", cp.int32, slots)
+                wts = self._view(cp, "topk_weights", cp.float32, slots)
+                self.kernels["moe_router_topk"]((-(-t // 4),), (128,), (la, np.int32(t), ids, wts))
+            else:
+                if topk_ids is None or topk_weights is None:
+                    raise ValueError("without router logits, give topk_ids and topk_weights")
+                ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
+                wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
+            bucket = next((i for i, (edge, _) in enumerate(self.plan["buckets"]) if t <= edge),
+                          len(self.plan["buckets"]) - 1)
+            block = self.plan["buckets"][bucket][1]
+            rows = slots + m.num_experts * max(b for _, b in self.plan["buckets"])
+            sorted_ids = self._view(cp, "sorted_token_ids", cp.int32, rows)
+            expert_ids = self._view(cp, "expert_ids", cp.int32, slots)
+            wflat = self._view(cp, "topk_weights_flat", cp.float32, rows)
+            total = self._view(cp, "num_tokens_post_padded", cp.int32, 1)
+            self.kernels["moe_align"]((1,), (512,), (ids, wts, np.int32(slots), np.int32(block),
+                                                     sorted_ids, expert_ids, wflat, total))
+            partials = self._scratch(cp, "partials", cp.float32)
+            counters = self._scratch(cp, "counters", cp.int32)
+            blocks = max_blocks(t, k, m.num_experts, block)
+            src = xa
+            for g in self.gemms:
+                v = g["variants"][bucket]
+                w, s = ((weights.w13, weights.w13_scales) if g["weights"] == "w13" else
+                        (weights.w2, weights.w2_scales))
+                dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
+                self.kernels[v["kernel"]]((g["ntiles"], blocks, v["split"]), (g["warps"] * 32,),
+                                          (src, w, s, sorted_ids, expert_ids, total, wflat,
+                                           np.int32(slots), dst, partials, counters))
+                if g["name"] == "gate_up" and g["epilogue"] == 0:
+                    act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
+                    n = slots * m.intermediate_size
+                    self.kernels["moe_swiglu"]((min(-(-n // 256), 65535),), (256,),
+                                               (dst, np.int32(slots), act))
+                    dst = act
+                src = dst
+            n8 = t * m.hidden_size // 8
+            self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
+                                          (src, np.int32(t), y))
+        if out is not None:
+            return out
+        if type(x).__module__.startswith("torch"):
+            import torch
+            return torch.from_dlpack(y)
+        return y

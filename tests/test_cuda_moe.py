@@ -1,0 +1,184 @@
+"""The CUDA MoE layer against the numpy reference (run with -m gpu on a GPU machine)."""
+import numpy as np
+import pytest
+
+import moegen
+from moegen import reference as R
+from conftest import ROOT
+from gpu_cases import moe_spec, moe_weights
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+POISON = np.float16(np.nan)
+_layers = {}
+
+
+def layer_for(spec, **kw):
+    key = (repr(spec), tuple(sorted(kw.items())))
+    if key not in _layers:
+        _layers[key] = moegen.cuda.MoeW4A16(spec, **kw)
+    return _layers[key]
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float64)
+    assert not np.isnan(a).any(), "NaN in the output (unwritten or poisoned)"
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def run_case(rng, layer, t, use_router=True):
+    m, g = layer.spec.moe, layer.spec.quant.group_size
+    weights = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, g)
+    packed = layer.pack(*weights)
+    x = (rng.standard_normal((t, m.hidden_size))).astype(np.float16)
+    logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
+    ids, w = R.topk_softmax(logits, m.top_k, m.renormalize)
+    layer.out.fill(POISON)
+    if use_router:
+        y = layer(cp.asarray(x), cp.asarray(logits), packed)
+    else:
+        y = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
+    want = R.moe_w4a16(x, ids, w, *weights, group_size=g)
+    return cp.asnumpy(y), want
+
+
+def test_seed_worked_example(rng):
+    spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
+    layer = layer_for(spec)
+    m = spec.moe
+    weights = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, 128)
+    packed = layer.pack(*weights)
+    x = rng.standard_normal((3, m.hidden_size)).astype(np.float16)
+    ids = np.array([1, 0, 1, 1, 0, 2], np.int32).reshape(3, 2)
+    w = rng.random((3, 2), dtype=np.float32)
+    layer.out.fill(POISON)
+    y = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
+    ws = layer.plan["workspace"]["buffers"]
+    sorted_ids = cp.asnumpy(layer._view(cp, "sorted_token_ids", cp.int32, 12))
+    expert_ids = cp.asnumpy(layer._view(cp, "expert_ids", cp.int32, 3))
+    wflat = cp.asnumpy(layer._view(cp, "topk_weights_flat", cp.float32, 12))
+    total = int(cp.asnumpy(layer._view(cp, "num_tokens_post_padded", cp.int32, 1))[0])
+    assert total == 12 and "sorted_token_ids" in ws
+    assert sorted_ids.tolist() == [1, 4, 6, 6, 0, 2, 3, 6, 5, 6, 6, 6]
+    assert expert_ids.tolist() == [0, 1, 2]
+    wf = w.ravel()
+    assert wflat.tolist() == [wf[1], wf[4], 0, 0, wf[0], wf[2], wf[3], 0, wf[5], 0, 0, 0]
+    want = R.moe_w4a16(x, ids, w, *weights, group_size=128)
+    assert rel_err(cp.asnumpy(y), want) <= 2e-3
+
+
+SHAPES = [(256, 128, 8, 2), (1024, 512, 60, 6), (2048, 768, 128, 8), (4096, 1408, 64, 1),
+          (256, 128, 128, 8), (1024, 512, 8, 1), (2048, 768, 64, 2)]
+TOKENS = [1, 3, 16, 33, 64, 123, 222, 1024, 4096]
+
+
+@pytest.mark.parametrize("h,i,e,k", SHAPES, ids=[f"h{s[0]}-i{s[1]}-e{s[2]}-k{s[3]}" for s in SHAPES])
+def test_against_reference(rng, h, i, e, k):
+    layer = layer_for(moe_spec(h, i, e, k))
+    for t in TOKENS:
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1)
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
+def test_group_sizes_and_odd_columns(rng):
+    for g, h, i in ((32, 96, 160), (64, 320, 192)):
+        layer = layer_for(moe_spec(h, i, 8, 2, tokens_max=256, group=g))
+        for t in (1, 7, 100):
+            got, want = run_case(rng, layer, t)
+            assert rel_err(got, want) <= 2e-3, (g, h, i, t)
+
+
+def test_unfused_swiglu(rng):
+    layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
+    assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]
+    for t in (1, 64, 222):
+        got, want = run_case(rng, layer, t)
+        assert rel_err(got, want) <= 2e-3
+
+
+def test_router_matches_reference(rng):
+    layer = layer_for(moe_spec(2048, 768, 128, 8))
+    t = 300
+    logits = rng.standard_normal((t, 128)).astype(np.float32)
+    x = rng.standard_normal((t, 2048)).astype(np.float16)
+    weights = layer.pack(*moe_weights(rng, 128, 2048, 768, 128))
+    layer(cp.asarray(x), cp.asarray(logits), weights)
+    ids = cp.asnumpy(layer._view(cp, "topk_ids", cp.int32, t * 8)).reshape(t, 8)
+    w = cp.asnumpy(layer._view(cp, "topk_weights", cp.float32, t * 8)).reshape(t, 8)
+    want_ids, want_w = R.topk_softmax(logits, 8, True)
+    assert np.array_equal(ids, want_ids)
+    assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_bitwise_deterministic(rng):
+    layer = layer_for(moe_spec(2048, 768, 128, 8))
+    m = layer.spec.moe
+    weights = layer.pack(*moe_weights(rng, 128, 2048, 768, 128))
+    for t in (1, 64, 1024):
+        x = cp.asarray(rng.standard_normal((t, 2048)).astype(np.float16))
+        logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
+        a = cp.asnumpy(layer(x, logits, weights)).view(np.uint16)
+        layer.out.fill(POISON)
+        b = cp.asnumpy(layer(x, logits, weights)).view(np.uint16)
+        assert np.array_equal(a, b), f"T={t}: two runs differ"
+
+
+def test_cuda_graph_capture_and_replay(rng):
+    layer = layer_for(moe_spec(2048, 768, 128, 8))
+    g = 128
+    host_w = moe_weights(rng, 128, 2048, 768, g)
+    weights = layer.pack(*host_w)
+    t = 5
+    x = cp.asarray(rng.standard_normal((t, 2048)).astype(np.float16))
+    logits = cp.asarray(rng.standard_normal((t, 128)).astype(np.float32))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        layer(x, logits, weights)          # warm up (module load) outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        y = layer(x, logits, weights)
+        graph = stream.end_capture()
+    for _ in range(3):                     # replay with new inputs in the captured buffers
+        xn = rng.standard_normal((t, 2048)).astype(np.float16)
+        ln = rng.standard_normal((t, 128)).astype(np.float32)
+        x.set(xn)
+        logits.set(ln)
+        layer.out.fill(POISON)
+        graph.launch(stream)
+        stream.synchronize()
+        ids, w = R.topk_softmax(ln, 8, True)
+        want = R.moe_w4a16(xn, ids, w, *host_w, group_size=g)
+        assert rel_err(cp.asnumpy(y), want) <= 2e-3
+
+
+def test_pytorch_tensors_via_dlpack(rng):
+    torch = pytest.importorskip("torch")
+    layer = layer_for(moe_spec(1024, 512, 60, 6))
+    host_w = moe_weights(rng, 60, 1024, 512, 128)
+    weights = layer.pack(*host_w)
+    xn = rng.standard_normal((33, 1024)).astype(np.float16)
+    ln = rng.standard_normal((33, 60)).astype(np.float32)
+    x = torch.from_numpy(xn).cuda()
+    logits = torch.from_numpy(ln).cuda()
+    out = torch.full((33, 1024), float("nan"), dtype=torch.float16, device="cuda")
+    y = layer(x, logits, weights, out=out)
+    assert y is out
+    torch.cuda.synchronize()
+    ids, w = R.topk_softmax(ln, 6, True)
+    want = R.moe_w4a16(xn, ids, w, *host_w, group_size=128)
+    assert rel_err(out.cpu().numpy(), want) <= 2e-3
+    y2 = layer(x, logits, weights)
+    assert isinstance(y2, torch.Tensor) and y2.dtype == torch.float16
+
+
+def test_bad_inputs_fail_clearly(rng):
+    layer = layer_for(moe_spec(256, 128, 8, 2, tokens_max=64))
+    weights = layer.pack(*moe_weights(rng, 8, 256, 128, 128))
+    with pytest.raises(TypeError, match="x: dtype float32"):
+        layer(cp.zeros((2, 256), cp.float32), cp.zeros((2, 8), cp.float32), weights)
+    with pytest.raises(ValueError, match="exceed the spec's tokens.max"):
+        layer(cp.ones((65, 256), cp.float16), cp.ones((65, 8), cp.float32), weights)
+    with pytest.raises(ValueError, match="w13_q: shape"):
+        layer.pack(np.zeros((8, 256, 100), np.int8), *moe_weights(rng, 8, 256, 128, 128)[1:])
