@@ -5,3 +5,11 @@ from .build import build
 from .spec import Spec, SpecError, load_spec
 
 __all__ = ["Spec", "SpecError", "__version__", "build", "load_spec"]
+
+
+def __getattr__(name):
+    # `moegen.cuda` imports CuPy lazily: the compiler itself needs no GPU
+    if name == "cuda":
+        import importlib
+        return importlib.import_module(".cuda", __name__)
+    raise AttributeError(f"module 'moegen' has no attribute {name!r}")

@@ -77,6 +77,46 @@ def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
     return "\n".join(out).rstrip()
 
 
+def _gpu(fn, *a, **kw):
+    from .targets.cuda.runtime import CudaUnavailable
+    try:
+        return fn(*a, **kw)
+    except CudaUnavailable as exc:
+        raise UsageError(f"needs an NVIDIA GPU: {exc}") from None
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        tokens = []
+    if not tokens or min(tokens) < 1:
+        raise UsageError(f"--tokens {text!r}: expected positive integers separated by commas")
+    return tokens
+
+
+def cmd_run(args) -> int:
+    spec = load_spec(args.spec)
+    if spec.pipeline != "moe_w4a16":
+        raise UsageError(f"run: pipeline {spec.pipeline} is not served on CUDA yet")
+    from .targets.cuda.bench import run_moe
+    ok = True
+    for t in _token_list(args.tokens):
+        err = _gpu(run_moe, spec, t, args.seed)
+        ok = ok and err <= 2e-3
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    spec = load_spec(args.spec)
+    if spec.pipeline != "moe_w4a16":
+        raise UsageError(f"bench: pipeline {spec.pipeline} is not served on CUDA yet")
+    from .targets.cuda.bench import bench_moe
+    _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
+         not args.no_baseline)
+    return 0
+
+
 def cmd_opt(args) -> int:
     path = Path(args.file)
     text = sys.stdin.read() if args.file == "-" else path.read_text()
@@ -136,6 +176,24 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--spec", help="the spec the passes read (needed with --pass-pipeline)")
     _pass_options(s)
     s.set_defaults(func=cmd_opt)
+
+    s = sub.add_parser("run", help="run the layer on random inputs on the GPU, check it",
+                       description="Run the spec's layer on random inputs on the GPU and print "
+                                   "its relative error against moegen.reference.")
+    s.add_argument("spec")
+    s.add_argument("--tokens", default="16", help="token counts, e.g. 1,16,64 (default 16)")
+    s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("bench", help="time the layer on the GPU against its memory floor",
+                       description="Per token count: median time (CUDA graph replay, L2 "
+                                   "flushed), the int4 memory floor, %% of floor, PyTorch bf16.")
+    s.add_argument("spec")
+    s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
+    s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
+    s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    s.set_defaults(func=cmd_bench)
     return p
 
 

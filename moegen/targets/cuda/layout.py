@@ -48,12 +48,11 @@ def pack_weights(q: np.ndarray, scales: np.ndarray, group: int,
     if npad != n:
         q = np.concatenate([q, np.zeros((e, k, npad - n), q.dtype)], axis=-1)
         scales = np.concatenate([scales, np.zeros((e, k // group, npad - n), np.float16)], axis=-1)
-    u = ((q.astype(np.int16) + 8) & 0xF).astype(np.uint32)              # q + 8, in 0..15
+    u = ((q.astype(np.int16) + 8) & 0xF).astype(np.uint8)               # q + 8, in 0..15
     tiles = u.reshape(e, k // 16, 16, npad // 64, 64).transpose(0, 1, 3, 2, 4)
-    nib = tiles[..., K_IDX, N_IDX]                                       # [E, K/16, N/64, 32, 4, 8]
-    words = np.zeros(nib.shape[:-1], np.uint32)
-    for i in range(8):
-        words |= nib[..., i] << np.uint32(4 * i)
+    words = np.zeros((e, k // 16, npad // 64, 32, 4), np.uint32)
+    for i in range(8):                                                   # nibble i of each word
+        words |= tiles[..., K_IDX[..., i], N_IDX[..., i]].astype(np.uint32) << np.uint32(4 * i)
     s = scales.reshape(e, k // group, npad // 64, 8, 8).swapaxes(-1, -2)  # [.., n, j]
     return np.ascontiguousarray(words), np.ascontiguousarray(s)
 

@@ -80,7 +80,10 @@ def _stream_for(cp, *values):
     for v in values:
         if type(v).__module__.startswith("torch"):
             import torch
-            return cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            current = torch.cuda.current_stream()
+            if hasattr(cp.cuda.Stream, "from_external"):
+                return cp.cuda.Stream.from_external(current)
+            return cp.cuda.ExternalStream(current.cuda_stream)
     return cp.cuda.get_current_stream()
 
 
@@ -159,7 +162,26 @@ class MoeW4A16:
         w2, s2 = pack_weights(host[2], host[3], g)
         return PackedMoeWeights(*(cp.asarray(a) for a in (w13, s13, w2, s2)))
 
-    # --- the layer --------------------------------------------------------------------------
+    # --- the layer ---------------------------------------------------------------------------
+    def route(self, router_logits):
+        """Only the router: (topk_ids int32 [T, k], topk_weights float32 [T, k]) views of the
+        workspace, valid until the next call."""
+        cp = _cupy()
+        t = int(router_logits.shape[0])
+        with _stream_for(cp, router_logits):
+            ids, wts = self._route(cp, router_logits, t)
+        k = self.spec.moe.top_k
+        return ids.reshape(t, k), wts.reshape(t, k)
+
+    def _route(self, cp, logits, t: int):
+        m = self.spec.moe
+        la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
+        ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
+        wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
+        self.kernels["moe_router_topk"]((-(-t // 4),), (128,), (la, np.int32(t), ids, wts))
+        return ids, wts
+
+    # --- the layer call --------------------------------------------------------------------------
     def __call__(self, x, logits_or_weights, weights: PackedMoeWeights | None = None, *,
                  topk_ids=None, topk_weights=None, out=None):
         cp = _cupy()
@@ -186,10 +208,7 @@ class MoeW4A16:
             if logits is not None:
                 if topk_ids is not None or topk_weights is not None:
                     raise ValueError("give router logits or topk_ids/topk_weights, not both")
-                la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
-                ids = self._view(cp, "topk_ids", cp.int32, slots)
-                wts = self._view(cp, "topk_weights", cp.float32, slots)
-                self.kernels["moe_router_topk"]((-(-t // 4),), (128,), (la, np.int32(t), ids, wts))
+                ids, wts = self._route(cp, logits, t)
             else:
                 if topk_ids is None or topk_weights is None:
                     raise ValueError("without router logits, give topk_ids and topk_weights")

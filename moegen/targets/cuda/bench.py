@@ -1,0 +1,213 @@
+"""`moegen run` and `moegen bench` for MoE specs on a GPU.
+
+Timing: the layer call is captured in a CUDA graph; each repetition flushes the L2 (a 256 MiB
+memset), then replays the graph between two CUDA events; the median is reported. The memory
+floor is the int4 weight and scale bytes of the experts the call actually routes to, over the
+device-to-device copy bandwidth measured in the same process. The baseline is PyTorch bf16:
+`torch._grouped_mm` over the expert-sorted tokens (gate/up, SwiGLU, down, weighted sum), timed
+with CUDA events on PyTorch's stream, L2 flushed the same way (its launches are not captured
+in a graph: PyTorch's sort and bincount sizes are data-dependent).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+import numpy as np
+
+from ...spec import load_spec
+from .runtime import MoeW4A16, _cupy
+
+FLUSH_BYTES = 256 << 20
+
+
+def copy_bandwidth(cp, nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read plus bytes written."""
+    src = cp.empty(nbytes, dtype=cp.uint8)
+    dst = cp.empty_like(src)
+    dst[...] = src
+    times = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        dst[...] = src
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def time_call(cp, fn, reps: int = 30, graph: bool = True) -> float:
+    """Median microseconds of fn(), L2 flushed before each repetition."""
+    flush = cp.empty(FLUSH_BYTES, dtype=cp.uint8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        if graph:
+            stream.begin_capture()
+            fn()
+            g = stream.end_capture()
+            run = lambda: g.launch(stream)  # noqa: E731
+        else:
+            run = fn
+        times = []
+        for _ in range(reps):
+            flush.fill(1)
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            run()
+            b.record(stream)
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
+    return statistics.median(times)
+
+
+def random_packed(cp, layer: MoeW4A16, seed: int = 0):
+    """Random weights directly in the packed layout (any words are valid int4 weights)."""
+    from .runtime import PackedMoeWeights
+    m, g = layer.spec.moe, layer.spec.quant.group_size
+    rs = cp.random.RandomState(seed)
+
+    def words(k, n):
+        return rs.randint(0, 2**31, size=(m.num_experts, k // 16, -(-n // 64), 32, 4),
+                          dtype=cp.int64).astype(cp.uint32)
+
+    def scales(k, n):
+        return (rs.random_sample((m.num_experts, k // g, -(-n // 64), 8, 8)) * 0.01
+                ).astype(cp.float16)
+    h, i = m.hidden_size, m.intermediate_size
+    return PackedMoeWeights(words(h, 2 * i), scales(h, 2 * i), words(i, h), scales(i, h))
+
+
+def expert_bytes(layer: MoeW4A16, weights) -> int:
+    """int4 weight + scale bytes of one expert in the packed layout."""
+    return sum(a.nbytes // layer.spec.moe.num_experts
+               for a in (weights.w13, weights.w13_scales, weights.w2, weights.w2_scales))
+
+
+class TorchBaseline:
+    """PyTorch bf16 grouped GEMM MoE layer with the same shapes."""
+
+    def __init__(self, spec, seed: int = 0):
+        import torch
+        self.torch = torch
+        m = spec.moe
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.k, self.i = m.top_k, m.intermediate_size
+        self.w13 = torch.randn(m.num_experts, m.hidden_size, 2 * m.intermediate_size,
+                               device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        self.w2 = torch.randn(m.num_experts, m.intermediate_size, m.hidden_size, device="cuda",
+                              dtype=torch.bfloat16, generator=gen) * 0.02
+        self.e = m.num_experts
+        self.grouped = hasattr(torch, "_grouped_mm")
+
+    def time(self, x, ids, w, reps: int) -> float:
+        """Median microseconds on PyTorch's stream (CUDA events, L2 flushed before each)."""
+        torch = self.torch
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self(x, ids, w)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            flush.fill_(1)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            self(x, ids, w)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(times)
+
+    def __call__(self, x, ids, w):
+        torch = self.torch
+        flat = ids.flatten().long()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.e)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xs = x[order // self.k]
+        h = torch._grouped_mm(xs, self.w13, offs=offs)
+        act = torch.nn.functional.silu(h[:, :self.i]) * h[:, self.i:]
+        o = torch._grouped_mm(act, self.w2, offs=offs) * w.flatten()[order, None].to(act.dtype)
+        out = torch.zeros_like(x)
+        out.index_add_(0, order // self.k, o)
+        return out
+
+
+def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
+              baseline: bool = True, log=print) -> list[dict]:
+    cp = _cupy()
+    spec = load_spec(spec)
+    layer = MoeW4A16(spec)
+    m = spec.moe
+    weights = random_packed(cp, layer)
+    per_expert = expert_bytes(layer, weights)
+    bw = copy_bandwidth(cp)
+    base = None
+    if baseline:
+        try:
+            base = TorchBaseline(spec)
+        except Exception as exc:  # no torch, or no room for the bf16 weights
+            log(f"(no PyTorch baseline: {exc})")
+    rng = np.random.default_rng(0)
+    rows = []
+    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    log(f"{spec.name} on {device}; copy bandwidth {bw / 1e12:.2f} TB/s; "
+        f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert")
+    log(f"{'T':>6} {'experts':>7} {'moegen us':>10} {'floor us':>9} {'% floor':>8} "
+        f"{'bf16 us':>9} {'vs bf16':>8}")
+    for t in tokens:
+        if t > spec.tokens.max:
+            log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
+            continue
+        x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
+        logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
+        ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
+        experts = int(cp.unique(ids).size)
+        floor_us = experts * per_expert / bw * 1e6
+        ours = time_call(cp, lambda: layer(x, logits, weights), reps)
+        row = {"tokens": t, "experts": experts, "moegen_us": ours, "floor_us": floor_us,
+               "pct_of_floor": 100 * floor_us / ours}
+        if base is not None:
+            torch = base.torch
+            cp.cuda.runtime.deviceSynchronize()
+            xt = torch.from_dlpack(x).to(torch.bfloat16)
+            it = torch.from_dlpack(ids).long()
+            wt = torch.from_dlpack(wts)
+            torch.cuda.synchronize()
+            row["bf16_us"] = base.time(xt, it, wt, reps)
+        rows.append(row)
+        b = row.get("bf16_us")
+        log(f"{t:>6} {experts:>7} {ours:>10.1f} {floor_us:>9.1f} {row['pct_of_floor']:>7.0f}% "
+            + (f"{b:>9.1f} {b / ours:>7.2f}x" if b else f"{'-':>9} {'-':>8}"))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"spec": spec.name, "device": device, "copy_bandwidth": bw,
+                       "rows": rows}, f, indent=2)
+    return rows
+
+
+def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
+    """One layer call on random data against the reference; returns the relative error."""
+    from ... import reference
+    from ...quant import quantize_int4
+    cp = _cupy()
+    spec = load_spec(spec)
+    m, g = spec.moe, spec.quant.group_size
+    rng = np.random.default_rng(seed)
+    layer = MoeW4A16(spec)
+    w13_q, w13_s = quantize_int4(rng.standard_normal((m.num_experts, m.hidden_size,
+                                                      2 * m.intermediate_size)) * 0.05, g)
+    w2_q, w2_s = quantize_int4(rng.standard_normal((m.num_experts, m.intermediate_size,
+                                                    m.hidden_size)) * 0.05, g)
+    weights = layer.pack(w13_q, w13_s, w2_q, w2_s)
+    x = rng.standard_normal((tokens, m.hidden_size)).astype(np.float16)
+    logits = rng.standard_normal((tokens, m.num_experts)).astype(np.float32)
+    y = cp.asnumpy(layer(cp.asarray(x), cp.asarray(logits), weights))
+    ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
+    want = reference.moe_w4a16(x, ids, w, w13_q, w13_s, w2_q, w2_s, g)
+    err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
+    ok = err <= 2e-3 and not np.isnan(y).any()
+    log(f"{spec.name}: T = {tokens}, relative error {err:.2e} against moegen.reference "
+        f"({'ok' if ok else 'FAILED'}, limit 2e-3)")
+    return err
