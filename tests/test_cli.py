@@ -53,7 +53,7 @@ def test_inspect_pass_options(tmp_path):
     proc = run_moegen("inspect", spec, "--time-passes", check=True)
     assert "pass timing:" in proc.stderr and "alloc" in proc.stderr
     out = run_moegen("inspect", spec, "--pass-pipeline", "tile{moe-block=16}", check=True).stdout
-    assert out.startswith("// pipeline: tile{moe-block=16}\n") and "[64, 16]" in out
+    assert out.startswith("// pipeline: tile{moe-block=16}\n") and "[[16, 16], [64, 16]" in out
     out = run_moegen("inspect", spec, "--buffers", check=True).stdout
     assert "activation" in out and "naive sum" in out and "peak live" in out
     proc = run_moegen("inspect", spec, "--pass-pipeline", "tile,nope")
@@ -79,6 +79,6 @@ def test_opt_pass_pipeline(tmp_path):
     f.write_text(built)
     out = run_moegen("opt", f, "--spec", spec, "--pass-pipeline", "fuse-align,tile",
                      check=True).stdout
-    assert "moe.align(" in out and "block_buckets = [[64, 4]]" in out
+    assert "moe.align(" in out and "block_buckets = [[16, 4], [64, 4]]" in out
     proc = run_moegen("opt", f, "--pass-pipeline", "tile")
     assert proc.returncode == 2 and "needs --spec" in proc.stderr

@@ -98,8 +98,9 @@ def test_moe_passes_printed(path):
     text = str(module)
     assert parse(text).verify() is None and str(parse(text)) == text
     fixed = spec.moe.block_size
-    buckets = f"[[{spec.tokens.max}, {fixed}]]" if spec.tokens.max <= 64 else \
-        f"[[64, {fixed or 8}], [{spec.tokens.max}, {fixed or 32}]]"
+    mid = 16 if spec.moe.top_k * 64 > 8 * spec.moe.num_experts else 8   # Mixtral: 16 slots/expert
+    buckets = f"[[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else \
+        f"[[16, {fixed or 8}], [64, {fixed or mid}], [{spec.tokens.max}, {fixed or 32}]]"
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -116,8 +117,8 @@ def test_moe_passes_printed(path):
 def test_tile_options_override_defaults():
     module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,warps=2,split-k=4,stages=3}")
     text = str(module)
-    assert "block_buckets = [[64, 16], [8192, 16]]" in text
-    assert "tile = {block_n = 64, warps = 2, stages = 3, split_k = [4, 1]}" in text
+    assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
+    assert "tile = {block_n = 64, warps = 2, stages = 3, split_k = [4, 4, 1]}" in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -130,8 +131,8 @@ def test_split_k_divides_k_and_fills_the_gpu():
         k = op.operands[0].type.shape[1].value
         assert (k // 16) % (tile["split_k"][0] * tile["warps"]) == 0
     # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles
-    assert gemms[0].attrs["tile"]["split_k"][0] == 1
-    assert gemms[1].attrs["tile"]["split_k"][0] == 2
+    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [4, 1, 1]
 
 
 def test_ascend_tiling_matches_the_sample():

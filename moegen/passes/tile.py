@@ -4,14 +4,17 @@ Defaults, documented here and in docs/PASSES.md; a tuning database entry (autotu
 them when the context carries one.
 
 MoE (`moe_w4a16`):
-- moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, as the
-  seed does: 8 for decode-sized calls (T <= 64 tokens), 32 for prefill (T > 64). A spec with
-  `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket.
+- moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, after
+  the seed: 8 for decode-sized calls, 32 for prefill (T > 64). Decode is split at T = 16 and 64;
+  a decode bucket whose largest call routes more than 8 slots to an average expert
+  (T * top_k / E > 8, e.g. Mixtral at T = 64) takes the next power of two up to 32, so each
+  expert's weights are read by one block instead of several. A spec with `moe.block_size` or
+  the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range, each
-  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: at
-  decode sizes the K loop is split over CTAs until about two CTAs per SM are busy at T = 1
-  (132 SMs); 1 for prefill. K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
+  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: in
+  decode buckets the K loop is split over CTAs until about four CTAs per SM (132 SMs) are busy
+  at the bucket's smallest T, with one block per active expert; 1 for prefill. K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
   when it does not).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
@@ -30,7 +33,8 @@ DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
 PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "warps": 4, "stages": 4}
-SM_COUNT = 132             # H100/H200; split-K aims at ~2 CTAs per SM at T = 1
+SM_COUNT = 132             # H100/H200
+CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 128, "warps": 4}
 
 
@@ -38,18 +42,41 @@ def align_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
+DECODE_EDGES = (16, DECODE_MAX_TOKENS)
+
+
+def decode_block(tokens: int, top_k: int, experts: int) -> int:
+    """8, or the power of two (<= 32) that holds an average expert's slots at `tokens`."""
+    per_expert = -(-tokens * top_k // experts)
+    block = DECODE_BLOCK
+    while block < per_expert and block < PREFILL_BLOCK:
+        block *= 2
+    return block
+
+
 def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
-    """[[max_tokens, block], ...]: decode-sized and prefill buckets (one when tokens.max <= 64)."""
-    block = fixed or spec.moe.block_size
-    if spec.tokens.max <= DECODE_MAX_TOKENS:
-        return [[spec.tokens.max, block or DECODE_BLOCK]]
-    return [[DECODE_MAX_TOKENS, block or DECODE_BLOCK], [spec.tokens.max, block or PREFILL_BLOCK]]
+    """[[max_tokens, block], ...]: the decode buckets, then prefill up to tokens.max."""
+    fixed = fixed or spec.moe.block_size
+    m, top = spec.moe, spec.tokens.max
+    edges = [e for e in DECODE_EDGES if e < top] + [top]
+    buckets = []
+    for edge in edges:
+        block = (PREFILL_BLOCK if edge > DECODE_MAX_TOKENS else
+                 decode_block(edge, m.top_k, m.num_experts))
+        buckets.append([edge, fixed or block])
+    return buckets
+
+
+def bucket_floor(buckets: list[list[int]], index: int) -> int:
+    """The smallest token count of bucket `index`."""
+    return 1 if index == 0 else buckets[index - 1][0] + 1
 
 
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     tiles = active_experts * -(-n // tile["block_n"])
     split = 1
-    while split * 2 * tiles <= 2 * SM_COUNT and (k_dim // 16) % (split * 2 * tile["warps"]) == 0:
+    while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
+           and (k_dim // 16) % (split * 2 * tile["warps"]) == 0):
         split *= 2
     return split
 
@@ -112,9 +139,11 @@ class TilePass(Pass):
                 if split and (k_dim // 16) % (split * tile["warps"]):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of k16 steps")
-                decode = split or decode_split_k(k_dim, n, spec.moe.top_k, tile)
-                tile["split_k"] = [decode if edge <= DECODE_MAX_TOKENS else 1
-                                   for edge, _ in buckets]
+                tile["split_k"] = [
+                    1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
+                        k_dim, n, min(spec.moe.num_experts,
+                                      bucket_floor(buckets, i) * spec.moe.top_k), tile)
+                    for i, (edge, _) in enumerate(buckets)]
                 op.attrs["tile"] = tile
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:

@@ -148,7 +148,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
              "block": ROUTER_WARPS * 32, "when": "router logits given"},
             {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS},
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
-               "grid": [g.ntiles, f"max_blocks(T, block={v['block']})", v["split"]],
+               "grid": [f"max_blocks(T, block={v['block']})", g.ntiles, v["split"]],
                "block": g.warps * 32, "reads": g.a, "writes": g.out}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
