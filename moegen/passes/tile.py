@@ -12,9 +12,11 @@ MoE (`moe_w4a16`):
   the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range, each
-  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: in
-  decode buckets the K loop is split over CTAs until about four CTAs per SM (132 SMs) are busy
-  at the bucket's smallest T, with one block per active expert; 1 for prefill. K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
+  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: in a
+  decode bucket whose smallest call (one block per active expert) has fewer 64-column tiles
+  than the GPU has SMs (132), the K loop is split over CTAs until about four CTAs per SM are
+  busy; otherwise 1 (measured: splitting when every SM already has a tile only adds the
+  reduction). K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
   when it does not).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
@@ -74,6 +76,8 @@ def bucket_floor(buckets: list[list[int]], index: int) -> int:
 
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     tiles = active_experts * -(-n // tile["block_n"])
+    if tiles >= SM_COUNT:      # every SM has a tile already: splitting only adds a reduction
+        return 1
     split = 1
     while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
            and (k_dim // 16) % (split * 2 * tile["warps"]) == 0):
