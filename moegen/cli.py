@@ -117,6 +117,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from .targets.compile import compile_spec
+    spec = load_spec(args.spec)
+    target = args.target or default_target(spec)
+    written = compile_spec(spec, target, args.output, args.pass_pipeline)
+    for path in written:
+        print(path)
+    return 0
+
+
 def cmd_opt(args) -> int:
     path = Path(args.file)
     text = sys.stdin.read() if args.file == "-" else path.read_text()
@@ -168,6 +178,16 @@ def make_parser() -> argparse.ArgumentParser:
                    help="print the basic and preload action lists and their simulated timelines")
     s.add_argument("--svg", metavar="FILE", help="also draw the timelines as SVG into FILE")
     s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("compile", help="emit the kernels of a spec for a target",
+                       description="Lower the spec for the target and write the generated "
+                                   "sources, the launch plan and the IR after each pass.")
+    s.add_argument("spec", help="path to a spec.yaml")
+    s.add_argument("--target", choices=("cuda", "ascend"),
+                   help="target (default: the spec's first)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
+    s.add_argument("--pass-pipeline", metavar="PIPELINE", help="passes instead of the default")
+    s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("opt", help="parse, verify, transform and print a .mir file",
                        description="Parse a module in moegen's textual IR, verify it, run "
