@@ -40,3 +40,15 @@ def test_wheel_in_fresh_venv(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert 'module @"qwen3-30b-a3b"' in proc.stdout
+    # every template ships: both targets compile from the installed wheel
+    shutil.copy(ROOT / "examples" / "msd-seed.yaml", work / "msd.yaml")
+    for spec, target in (("spec.yaml", "cuda"), ("msd.yaml", "ascend")):
+        proc = subprocess.run([env_dir / "bin" / "moegen", "compile", spec, "--target", target,
+                               "-o", f"out-{target}"], cwd=work, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert (work / "out-cuda" / "moegen_w4a16.cuh").is_file()
+    assert (work / "out-ascend" / "op_kernel" / "msd" / "msd_seed_msd_controller.h").is_file()
+    proc = subprocess.run([env_dir / "bin" / "moegen", "inspect", "msd.yaml", "--target",
+                           "ascend", "--schedule", "--svg", "t.svg"], cwd=work,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and (work / "t.svg").read_text().startswith("<svg"), proc.stderr

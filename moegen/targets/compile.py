@@ -36,6 +36,9 @@ def emit(spec: Spec, target: str, pipeline: str | None = None) -> dict[str, str]
     if target == "cuda" and spec.pipeline == "moe_w4a16":
         from .cuda.emitter import emit_moe
         files = emit_moe(spec, module, text).files(spec.name)
+    elif target == "ascend" and spec.pipeline == "msd_matmul":
+        from .ascend.emitter import emit_msd_project
+        files = emit_msd_project(spec, module, text)
     else:
         raise PipelineError(f"target {target} does not emit pipeline {spec.pipeline} yet")
     return {**files, **dumps}

@@ -1,0 +1,122 @@
+"""Lowered MSD module -> a complete CANN custom-op project (templates/ascend).
+
+Op and file names derive from the spec name. The controller renders the schedule pass's action
+lists for both templates (basic, preload) as they are: flag ids, modes and pipes from the
+schedule's flags, stage calls with iteration offsets, rotating slots from the derived slot counts.
+The same action lists are written beside it as JSON; `readback.py` parses the emitted code back.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from ...ir import Module
+from ...ir.interp import merge_divisors
+from ...ir.ops.msd import DEFAULT_FACTORS
+from ...passes.schedule import CUBE, MODES, Action, Schedule, derive_slots, generate, loop_stages
+from ...render import render
+from ...spec import Spec
+from ..cuda.emitter import file_header
+
+GUARD = {CUBE: "ASCEND_IS_AIC", "vec": "ASCEND_IS_AIV"}
+STAGE_CALL = {"unfold": "vec_.UnfoldA", "matmul": "cube_.LaunchMatmul", "merge": "vec_.MergeY"}
+SLOT_NAME = {"a_max": "A_MAX", "a_unfold": "A_UNFOLD", "y_int": "Y_INT"}
+# the slot arguments of each stage call, in the order the compute classes take them
+STAGE_SLOTS = {"unfold": ("a_max", "a_unfold"), "matmul": ("a_unfold", "y_int"),
+               "merge": ("a_max", "y_int")}
+MODE_MACRO = {"basic": "BASIC_MSD", "preload": "PRELOAD_MSD"}
+
+
+def op_names(spec: Spec) -> tuple[str, str]:
+    """(snake_case op name for files and the kernel, CamelCase op type)."""
+    snake = re.sub(r"[^0-9a-zA-Z]+", "_", spec.name).strip("_").lower() or "msd"
+    if snake[0].isdigit():
+        snake = "op_" + snake
+    return snake, "".join(p.capitalize() for p in snake.split("_"))
+
+
+def statement(sched: Schedule, action: Action) -> str:
+    """One action as AscendC code (the form readback.py parses)."""
+    if action.op in ("signal", "wait"):
+        f = sched.flags[action.flag]
+        if action.op == "signal":
+            return f"AscendC::CrossCoreSetFlag<{f.mode}, PIPE_{f.pipe}>({f.name});"
+        return f"AscendC::CrossCoreWaitFlag<{f.mode}>({f.name});"
+    stage = sched.stages[action.stage]
+    used = set(stage.reads + stage.writes)
+    slots = ", ".join(f"it % Slots::{SLOT_NAME[b]}" for b in STAGE_SLOTS[action.stage])
+    assert used == set(STAGE_SLOTS[action.stage]), (action.stage, used)
+    return (f"const uint32_t it = step - {action.offset}; "
+            f"{STAGE_CALL[action.stage]}(it, {slots});")
+
+
+def schedule_context(sched: Schedule) -> dict:
+    programs = []
+    for kind in (CUBE, "vec"):
+        prog = sched.programs[kind]
+        programs.append({"kind": kind, "guard": GUARD[kind],
+                         "init": [statement(sched, a) for a in prog.init],
+                         "step": [{"offset": a.offset, "stmt": statement(sched, a)}
+                                  for a in prog.step],
+                         "drain": [statement(sched, a) for a in prog.drain]})
+    return {"mode": sched.mode, "Name": sched.mode.capitalize(), "macro": MODE_MACRO[sched.mode],
+            "key": MODES[sched.mode], "lag": sched.lag, "slots": sched.slots,
+            "programs": programs}
+
+
+def schedule_metadata(schedules: list[Schedule]) -> dict:
+    return {s.mode: {"lag": s.lag, "slots": s.slots,
+                     "programs": {kind: {"init": [str(a) for a in p.init],
+                                         "step": [[a.offset, str(a)] for a in p.step],
+                                         "drain": [str(a) for a in p.drain]}
+                                  for kind, p in s.programs.items()},
+                     "flags": {f.name: {"id": f.id, "mode": f.mode, "pipe": f.pipe}
+                               for f in s.flags.values()}}
+            for s in schedules}
+
+
+def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str]:
+    """relative path -> text of the whole op project."""
+    op, Op = op_names(spec)
+    loop = next(o for o in module.function().ops if o.NAME == "msd.group_loop")
+    groups = int(loop.attr("groups"))
+    schedules = [derive_slots(generate(loop_stages(loop), mode, groups)) for mode in MODES]
+    recorded = loop.attrs.get("slots")
+    chosen = next(s for s in schedules if s.mode == loop.attrs.get("schedule", spec.schedule))
+    if recorded is not None and recorded != chosen.slots:
+        raise ValueError(f"the module's slots {recorded} differ from the schedule {chosen.slots}")
+    s = spec.msd
+    factors = DEFAULT_FACTORS[:s.steps]
+    header = file_header(spec, pipeline)
+    ctx = {
+        "header": header, "header_py": file_header(spec, pipeline, "#"),
+        "header_md": file_header(spec, pipeline, ">"), "op": op, "Op": Op,
+        "m": s.m, "n": s.n, "k": s.k, "group": spec.quant.group_size, "steps": s.steps,
+        "soc": spec.targets.ascend.soc, "factors": factors,
+        "divisors": [repr(float(d)) for d in merge_divisors(factors, s.steps)],
+        "schedules": [schedule_context(x) for x in schedules],
+        "flags": sorted(chosen.flags.values(), key=lambda f: f.id),
+        "default_mode": chosen.mode, "default_macro": MODE_MACRO[chosen.mode],
+    }
+    files = {
+        f"op_host/{op}_def.cpp": "ascend/op_host/def.cpp.j2",
+        f"op_host/{op}_tiling.cpp": "ascend/op_host/tiling.cpp.j2",
+        f"op_host/{op}_infershape.cpp": "ascend/op_host/infershape.cpp.j2",
+        f"op_kernel/{op}.cpp": "ascend/op_kernel/kernel.cpp.j2",
+        f"op_kernel/{op}_tiling_data.h": "ascend/op_kernel/tiling_data.h.j2",
+        f"op_kernel/{op}_tiling_key.h": "ascend/op_kernel/tiling_key.h.j2",
+        f"op_kernel/msd/{op}_msd_controller.h": "ascend/op_kernel/msd/controller.h.j2",
+        f"op_kernel/msd/{op}_cube_compute.h": "ascend/op_kernel/msd/cube_compute.h.j2",
+        f"op_kernel/msd/{op}_vec_compute.h": "ascend/op_kernel/msd/vec_compute.h.j2",
+        f"op_kernel/msd/{op}_tool.h": "ascend/op_kernel/msd/tool.h.j2",
+        "examples/scripts/gen_data.py": "ascend/examples/scripts/gen_data.py.j2",
+        "examples/scripts/verify_result.py": "ascend/examples/scripts/verify_result.py.j2",
+        "examples/src/main.cpp": "ascend/examples/src/main.cpp.j2",
+        "examples/src/CMakeLists.txt": "ascend/examples/src/CMakeLists.txt.j2",
+        "examples/run.sh": "ascend/examples/run.sh.j2",
+        "README.md": "ascend/README.md.j2",
+    }
+    out = {path: render(tpl, **ctx) for path, tpl in files.items()}
+    out[f"op_kernel/msd/{op}_schedule.json"] = json.dumps(schedule_metadata(schedules),
+                                                          indent=2) + "\n"
+    return out
