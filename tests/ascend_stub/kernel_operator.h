@@ -18,22 +18,15 @@ extern CoreType g_coreType;
 
 struct half { uint16_t bits; half() = default; half(float) {} operator float() const { return 0; } };
 struct int4b_t { uint8_t bits; };
-struct bfloat16_t { uint16_t bits; };
 
 enum class TPosition { GM, A1, A2, B1, B2, C1, CO1, CO2, VECIN, VECOUT, VECCALC };
-enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_MTE2, MTE2_MTE1, MTE1_MTE2, MTE3_MTE2, M_FIX };
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-using TEventID = int8_t;
-
-template <typename T> struct PrimTHelper { using type = T; };
-template <typename T> using PrimT = typename PrimTHelper<T>::type;
 
 template <typename T>
 class GlobalTensor {
  public:
   __aicore__ inline void SetGlobalBuffer(__gm__ T* buffer, uint64_t bufferSize);
   __aicore__ inline void SetGlobalBuffer(__gm__ T* buffer);
-  template <typename CAST_T> __aicore__ inline GlobalTensor<CAST_T> ReinterpretCast() const;
   __aicore__ inline GlobalTensor operator[](uint64_t offset) const;
   __aicore__ inline T GetValue(uint64_t offset) const;
   __aicore__ inline void SetValue(uint64_t offset, T value);
@@ -42,7 +35,6 @@ class GlobalTensor {
 template <typename T>
 class LocalTensor {
  public:
-  template <typename CAST_T> __aicore__ inline LocalTensor<CAST_T> ReinterpretCast() const;
   __aicore__ inline LocalTensor operator[](uint32_t offset) const;
   __aicore__ inline T GetValue(uint32_t offset) const;
   __aicore__ inline void SetValue(uint32_t offset, T value);
@@ -58,15 +50,7 @@ class TBuf {
 class TPipe {
  public:
   template <TPosition bufPos> __aicore__ inline bool InitBuffer(TBuf<bufPos>& buf, uint32_t len);
-  template <HardEvent evt> __aicore__ inline TEventID AllocEventID();
-  template <HardEvent evt> __aicore__ inline TEventID FetchEventID();
-  template <HardEvent evt> __aicore__ inline void ReleaseEventID(TEventID id);
 };
-__aicore__ inline AscendC::TPipe* GetTPipePtr();
-
-template <HardEvent evt> __aicore__ inline void SetFlag(TEventID id);
-template <HardEvent evt> __aicore__ inline void WaitFlag(TEventID id);
-template <pipe_t pipe> __aicore__ inline void PipeBarrier();
 template <uint8_t modeId, pipe_t pipe> __aicore__ inline void CrossCoreSetFlag(uint16_t flagId);
 template <uint8_t modeId = 0, pipe_t pipe = PIPE_S> __aicore__ inline void CrossCoreWaitFlag(uint16_t flagId);
 
@@ -108,9 +92,6 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                             const RoundMode& roundMode, const uint32_t count);
 template <typename T>
 __aicore__ inline void Abs(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count);
-template <typename T>
-__aicore__ inline void Max(const LocalTensor<T>& dst, const LocalTensor<T>& src0,
-                           const LocalTensor<T>& src1, const int32_t& count);
 template <typename T>
 __aicore__ inline void Mul(const LocalTensor<T>& dst, const LocalTensor<T>& src0,
                            const LocalTensor<T>& src1, const int32_t& count);

@@ -23,7 +23,6 @@ class Shape {
 class StorageShape {
  public:
   const Shape& GetStorageShape() const;
-  const Shape& GetOriginShape() const;
 };
 class CompileTimeTensorDesc {
  public:
