@@ -97,8 +97,9 @@ def _token_list(text: str) -> list[int]:
 
 def cmd_run(args) -> int:
     spec = load_spec(args.spec)
-    if spec.pipeline != "moe_w4a16":
-        raise UsageError(f"run: pipeline {spec.pipeline} is not served on CUDA yet")
+    if spec.pipeline == "msd_matmul":
+        from .targets.cuda.bench import run_msd
+        return 0 if _gpu(run_msd, spec, args.seed) <= 2e-3 else 1
     from .targets.cuda.bench import run_moe
     ok = True
     for t in _token_list(args.tokens):
@@ -109,8 +110,10 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
-    if spec.pipeline != "moe_w4a16":
-        raise UsageError(f"bench: pipeline {spec.pipeline} is not served on CUDA yet")
+    if spec.pipeline == "msd_matmul":
+        from .targets.cuda.bench import bench_msd
+        _gpu(bench_msd, spec, args.json, args.reps)
+        return 0
     from .targets.cuda.bench import bench_moe
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
          not args.no_baseline)

@@ -12,7 +12,7 @@ from moegen.targets.compile import emit
 from conftest import ROOT
 
 GENERATED = ROOT / "generated"
-CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"]
+CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "msd-seed"]
 
 
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)

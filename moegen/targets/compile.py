@@ -36,6 +36,9 @@ def emit(spec: Spec, target: str, pipeline: str | None = None) -> dict[str, str]
     if target == "cuda" and spec.pipeline == "moe_w4a16":
         from .cuda.emitter import emit_moe
         files = emit_moe(spec, module, text).files(spec.name)
+    elif target == "cuda" and spec.pipeline == "msd_matmul":
+        from .cuda.msd_emitter import emit_msd
+        files = emit_msd(spec, module, text).files(spec.name)
     elif target == "ascend" and spec.pipeline == "msd_matmul":
         from .ascend.emitter import emit_msd_project
         files = emit_msd_project(spec, module, text)

@@ -1,4 +1,4 @@
-// moegen device helpers for W4A16 kernels: int4 -> fp16 dequantization in registers, tensor-core
+// moegen device helpers for the W4A16 and MSD kernels: int4 -> fp16 dequantization in registers, tensor-core
 // MMA, warp reductions. Included by the generated .cu files (hand-written, not generated).
 #pragma once
 #include <cuda_fp16.h>
@@ -45,6 +45,15 @@ __device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsig
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D = A (16x64 int4, row) x B (64x8 int4, col) + C, int32 accumulate.
+__device__ __forceinline__ void mma_s4_16864(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   // weights are read once: do not keep them in L1
   uint4 v;
@@ -72,3 +81,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 }  // namespace moegen
+
+// true when a loop action with this iteration offset runs at `step` (schedule rendering)
+__device__ __forceinline__ bool moegen_runs(int step, int offset, int iterations) {
+  return step >= offset && step - offset < iterations;
+}

@@ -211,3 +211,60 @@ def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
     log(f"{spec.name}: T = {tokens}, relative error {err:.2e} against moegen.reference "
         f"({'ok' if ok else 'FAILED'}, limit 2e-3)")
     return err
+
+
+def bench_msd(spec, json_path: str | None = None, reps: int = 30, log=print) -> dict:
+    """basic and preload against the int4 floor and fp16 cuBLAS (PyTorch), same process."""
+    from .runtime import MsdMatmul
+    cp = _cupy()
+    spec = load_spec(spec)
+    s, g = spec.msd, spec.quant.group_size
+    op = MsdMatmul(spec)
+    rng = np.random.default_rng(0)
+    w = rng.integers(-7, 8, (s.k, s.n), dtype=np.int8)
+    packed = op.pack(w)
+    scale = cp.asarray(rng.uniform(-3, 3, (s.k // g, s.n)).astype(np.float16))
+    x = cp.asarray(rng.uniform(-3, 3, (s.m, s.k)).astype(np.float16))
+    bw = copy_bandwidth(cp)
+    floor_us = (s.k * s.n / 2 + scale.nbytes) / bw * 1e6
+    row = {"m": s.m, "n": s.n, "k": s.k, "floor_us": floor_us}
+    for mode in ("basic", "preload"):
+        row[f"{mode}_us"] = time_call(cp, lambda: op(x, packed, scale, schedule=mode), reps)
+    try:
+        import torch
+        wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
+        xt = torch.from_dlpack(x)
+        row["cublas_fp16_us"] = time_call(cp, lambda: torch.matmul(xt, wt), reps, graph=False)
+    except Exception as exc:
+        log(f"(no PyTorch baseline: {exc})")
+    log(f"{spec.name} M={s.m} N={s.n} K={s.k}: floor {floor_us:.1f} us, basic "
+        f"{row['basic_us']:.1f} us, preload {row['preload_us']:.1f} us "
+        f"({100 * floor_us / row['preload_us']:.0f}% of floor), fp16 cuBLAS "
+        f"{row.get('cublas_fp16_us', float('nan')):.1f} us")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(row, f, indent=2)
+    return row
+
+
+def run_msd(spec, seed: int | None = None, log=print) -> float:
+    """Both templates on random data (as the sample's generator draws) against the reference."""
+    from ... import reference
+    from .runtime import MsdMatmul
+    cp = _cupy()
+    spec = load_spec(spec)
+    s, g = spec.msd, spec.quant.group_size
+    rng = np.random.default_rng(seed)
+    op = MsdMatmul(spec)
+    x = rng.uniform(-3, 3, (s.m, s.k)).astype(np.float16)
+    w = rng.integers(-7, 8, (s.k, s.n), dtype=np.int8)
+    scale = rng.uniform(-3, 3, (s.k // g, s.n)).astype(np.float16)
+    packed = op.pack(w)
+    want = reference.msd_matmul(x, w, scale, g, s.steps, accumulate=np.float64)
+    worst = 0.0
+    for mode in ("basic", "preload"):
+        y = cp.asnumpy(op(cp.asarray(x), packed, cp.asarray(scale), schedule=mode))
+        err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
+        worst = max(worst, err if not np.isnan(y).any() else float("inf"))
+        log(f"{spec.name} {mode}: relative error {err:.2e} against moegen.reference.msd_matmul")
+    return worst

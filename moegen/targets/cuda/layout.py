@@ -72,3 +72,39 @@ def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
         inverse = np.argsort(columns)
         q, s = q[..., inverse], s[..., inverse]
     return q.astype(np.int8), s.astype(np.float16)
+
+
+def pack_msd_weights(q: np.ndarray) -> np.ndarray:
+    """int4 q [K, N] -> uint32 [N/8 (padded), K/64, 32 lanes, 2]: the B fragments of
+    mma.sync m16n8k64 s4: lane l's word j holds k = 64 s + 32 j + 8 (l % 4) + i (nibble i) of
+    column 8 t + l / 4, two's complement nibbles."""
+    q = np.asarray(q)
+    k, n = q.shape
+    if k % 64:
+        raise ValueError(f"K = {k} must be a multiple of 64 for the MSD kernel")
+    n8 = -(-n // 8)
+    if n8 * 8 != n:
+        q = np.concatenate([q, np.zeros((k, n8 * 8 - n), q.dtype)], axis=1)
+    u = (q.astype(np.int16) & 0xF).astype(np.uint32)                      # [K, N]
+    lane = np.arange(32)
+    t = u.reshape(k // 64, 2, 4, 8, n8, 8)      # [s, j, k-group of 8 (l % 4), i, tile, column]
+    words = np.zeros((n8, k // 64, 32, 2), np.uint32)
+    for i in range(8):
+        # value for (tile, s, lane, j): u[64 s + 32 j + 8 (lane % 4) + i, 8 tile + lane // 4]
+        v = t[:, :, lane % 4, i, :, lane // 4]          # [32 lanes, s, j, tile]
+        words |= v.transpose(3, 1, 0, 2) << np.uint32(4 * i)
+    return np.ascontiguousarray(words)
+
+
+def unpack_msd_weights(words: np.ndarray, n: int) -> np.ndarray:
+    """The inverse of `pack_msd_weights`: int8 [K, N]."""
+    n8, steps = words.shape[:2]
+    q = np.zeros((steps * 64, n8 * 8), np.int16)
+    for lane in range(32):
+        for j in range(2):
+            for i in range(8):
+                k = np.arange(steps)[:, None] * 64 + 32 * j + 8 * (lane % 4) + i
+                col = np.arange(n8)[None, :] * 8 + lane // 4
+                q[k, col] = ((words[:, :, lane, j] >> np.uint32(4 * i)) & 0xF).T
+    q = np.where(q >= 8, q - 16, q)
+    return q[:, :n].astype(np.int8)

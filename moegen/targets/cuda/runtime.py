@@ -252,3 +252,61 @@ class MoeW4A16:
             import torch
             return torch.from_dlpack(y)
         return y
+
+
+class MsdMatmul:
+    """The MSD matmul of a spec on the GPU: y = MsdMatmul(spec)(x, packed_w, scale).
+
+    x fp16 [M, K], packed_w from `pack` (int4 values [K, N] in the kernel's layout), scale fp16
+    [K/G, N]; returns fp16 [M, N] (a view of the layer's output buffer unless `out=` is given).
+    `schedule=` runs the other template ("basic" or "preload"; default: the spec's).
+    """
+
+    def __init__(self, spec, arch: str | None = None):
+        from .msd_emitter import emit_msd
+        cp = _cupy()
+        self.spec = load_spec(spec)
+        if self.spec.pipeline != "msd_matmul":
+            raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
+                             f"{self.spec.pipeline}")
+        module, _, pm = lower(self.spec, "cuda")
+        self.arch = arch or device_arch()
+        self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
+        self.plan = self.program.plan
+        self.module = compile_program(self.program, self.arch, self.spec.name)
+        self.kernels = {}
+        for k in self.plan["kernels"]:
+            fn = self.module.get_function(k["name"])
+            if k["shared_bytes"] > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = k["shared_bytes"]
+            self.kernels[k["name"].rsplit("_", 1)[1]] = (fn, k)
+        s = self.spec.msd
+        self.out = cp.empty((s.m, s.n), dtype=cp.float16)
+
+    def pack(self, w_q):
+        """int4 values int8 [K, N] (numpy or device) -> the kernel's layout on the GPU."""
+        from .layout import pack_msd_weights
+        cp = _cupy()
+        s = self.spec.msd
+        host = cp.asnumpy(w_q) if isinstance(w_q, cp.ndarray) else np.asarray(w_q)
+        if host.shape != (s.k, s.n):
+            raise ValueError(f"w_q: shape {host.shape}, expected {(s.k, s.n)}")
+        return cp.asarray(pack_msd_weights(host))
+
+    def __call__(self, x, packed_w, scale, out=None, schedule: str | None = None):
+        cp = _cupy()
+        s, g = self.spec.msd, self.spec.quant.group_size
+        fn, k = self.kernels[schedule or self.spec.schedule]
+        stream = _stream_for(cp, x, scale, out)
+        xa = as_device(cp, x, "x", np.float16, (s.m, s.k))
+        sa = as_device(cp, scale, "scale", np.float16, (s.k // g, s.n))
+        y = self.out if out is None else as_device(cp, out, "out", np.float16, (s.m, s.n))
+        with stream:
+            fn(tuple(k["grid"]), (k["block"],), (xa, packed_w, sa, y),
+               shared_mem=k["shared_bytes"])
+        if out is not None:
+            return out
+        if type(x).__module__.startswith("torch"):
+            import torch
+            return torch.from_dlpack(y)
+        return y
