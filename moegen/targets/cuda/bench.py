@@ -63,6 +63,23 @@ def time_call(cp, fn, reps: int = 30, graph: bool = True) -> float:
     return statistics.median(times)
 
 
+def torch_time(torch, fn, reps: int) -> float:
+    """Median microseconds of fn() on PyTorch's stream (CUDA events, L2 flushed before each)."""
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.fill_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
 def random_packed(cp, layer: MoeW4A16, seed: int = 0):
     """Random weights directly in the packed layout (any words are valid int4 weights)."""
     from .runtime import PackedMoeWeights
@@ -104,20 +121,7 @@ class TorchBaseline:
 
     def time(self, x, ids, w, reps: int) -> float:
         """Median microseconds on PyTorch's stream (CUDA events, L2 flushed before each)."""
-        torch = self.torch
-        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        self(x, ids, w)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            flush.fill_(1)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            self(x, ids, w)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(times)
+        return torch_time(self.torch, lambda: self(x, ids, w), reps)
 
     def __call__(self, x, ids, w):
         torch = self.torch
@@ -234,7 +238,7 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, log=print) -> 
         import torch
         wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
         xt = torch.from_dlpack(x)
-        row["cublas_fp16_us"] = time_call(cp, lambda: torch.matmul(xt, wt), reps, graph=False)
+        row["cublas_fp16_us"] = torch_time(torch, lambda: torch.matmul(xt, wt), reps)
     except Exception as exc:
         log(f"(no PyTorch baseline: {exc})")
     log(f"{spec.name} M={s.m} N={s.n} K={s.k}: floor {floor_us:.1f} us, basic "
