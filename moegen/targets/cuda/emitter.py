@@ -99,15 +99,9 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     fn = module.function()
     gemms = _gemm_plans(module, spec)
     fused = gemms[0].epilogue == 1
-    unique = []
-    for g in gemms:
-        names = set()
-        g_variants = []
-        for v in g.variants:
-            if v["kernel"] not in names:
-                names.add(v["kernel"])
-                g_variants.append(v)
-        unique.append({**g.__dict__, "variants": g_variants})
+    # buckets that share a block and split share a kernel: define each kernel once
+    unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
+              for g in gemms]
     header = file_header(spec, pipeline)
     source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
                     H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,

@@ -7,8 +7,6 @@ derived slot counts.
 """
 from __future__ import annotations
 
-import json
-
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
@@ -87,7 +85,3 @@ def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     }
     header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
     return CudaProgram(source=source, header=header, plan=plan, ir=str(module))
-
-
-def plan_json(program: CudaProgram) -> str:
-    return json.dumps(program.plan, indent=2) + "\n"

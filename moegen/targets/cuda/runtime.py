@@ -87,6 +87,16 @@ def _stream_for(cp, *values):
     return cp.cuda.get_current_stream()
 
 
+def _result(x, y, out):
+    """What a call returns: `out` when given, else the output view (as PyTorch for PyTorch x)."""
+    if out is not None:
+        return out
+    if type(x).__module__.startswith("torch"):
+        import torch
+        return torch.from_dlpack(y)
+    return y
+
+
 @dataclass
 class PackedMoeWeights:
     """Weights in the kernels' layout (device arrays), from `MoeW4A16.pack`."""
@@ -246,12 +256,7 @@ class MoeW4A16:
             n8 = t * m.hidden_size // 8
             self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
                                           (src, np.int32(t), y))
-        if out is not None:
-            return out
-        if type(x).__module__.startswith("torch"):
-            import torch
-            return torch.from_dlpack(y)
-        return y
+        return _result(x, y, out)
 
 
 class MsdMatmul:
@@ -304,9 +309,4 @@ class MsdMatmul:
         with stream:
             fn(tuple(k["grid"]), (k["block"],), (xa, packed_w, sa, y),
                shared_mem=k["shared_bytes"])
-        if out is not None:
-            return out
-        if type(x).__module__.startswith("torch"):
-            import torch
-            return torch.from_dlpack(y)
-        return y
+        return _result(x, y, out)
