@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -124,9 +125,24 @@ def cmd_compile(args) -> int:
     from .targets.compile import compile_spec
     spec = load_spec(args.spec)
     target = args.target or default_target(spec)
-    written = compile_spec(spec, target, args.output, args.pass_pipeline)
+    tuning = None
+    if args.tuning_db or os.environ.get("MOEGEN_TUNING_DB"):
+        from .autotune import tuning_for
+        tuning = tuning_for(args.tuning_db, device=None)
+    written = compile_spec(spec, target, args.output, args.pass_pipeline, tuning)
     for path in written:
         print(path)
+    return 0
+
+
+def cmd_autotune(args) -> int:
+    spec = load_spec(args.spec)
+    if spec.pipeline != "moe_w4a16":
+        raise UsageError("autotune: only moe_w4a16 specs are tuned so far")
+    from .autotune import TuningDB, autotune_moe
+    db = TuningDB(args.tuning_db)
+    _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
+    print(f"wrote {db.path}")
     return 0
 
 
@@ -190,6 +206,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="target (default: the spec's first)")
     s.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
     s.add_argument("--pass-pipeline", metavar="PIPELINE", help="passes instead of the default")
+    s.add_argument("--tuning-db", metavar="PATH",
+                   help="use this tuning database (default: $MOEGEN_TUNING_DB; compile uses "
+                        "one only when given)")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("opt", help="parse, verify, transform and print a .mir file",
@@ -217,6 +236,17 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("autotune", help="sweep block sizes and split-K on the GPU, record the best",
+                       description="Per token count: every candidate config is checked against "
+                                   "the reference, timed (graph replay, L2 flushed), the best "
+                                   "recorded in the tuning database.")
+    s.add_argument("spec")
+    s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts to tune")
+    s.add_argument("--budget-s", type=float, default=None, help="stop sweeping after N seconds")
+    s.add_argument("--tuning-db", metavar="PATH", help="database file (default: "
+                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json)")
+    s.set_defaults(func=cmd_autotune)
     return p
 
 

@@ -1,7 +1,8 @@
 """`tile`: record tile choices as op attributes (visible in the printed IR).
 
-Defaults, documented here and in docs/PASSES.md; a tuning database entry (autotune) overrides
-them when the context carries one.
+Defaults are documented here and in docs/PASSES.md. A tuning database entry (moegen autotune)
+replaces the MoE block and split-K per bucket when the context carries one and no option fixes
+them; the buckets then end at the geometric midpoints between the measured token counts.
 
 MoE (`moe_w4a16`):
 - moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, after
@@ -125,8 +126,11 @@ class TilePass(Pass):
 
     def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
-        fixed = self.option("moe-block") or tuned.get("moe_block")
-        buckets = moe_buckets(spec, fixed)
+        fixed = self.option("moe-block")
+        # a tuning entry gives a block and a split per bucket, unless options say otherwise
+        tuned_buckets = tuned.get("buckets") if not (fixed or self.option("split-k")) else None
+        buckets = ([[edge, block] for edge, block, _ in tuned_buckets] if tuned_buckets
+                   else moe_buckets(spec, fixed))
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
                 if fixed is not None and fixed > op.attr("block"):
@@ -134,15 +138,22 @@ class TilePass(Pass):
                                      f"buffers allow (block = {op.attr('block')})")
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.grouped_gemm_w4a16":
-                tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
-                        for k, v in GEMM_TILE.items()}
+                tile = {k: self.option(k.replace("_", "-"), v) for k, v in GEMM_TILE.items()}
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 tile["warps"] = fit_warps(k_dim, tile["warps"])
-                split = self.option("split-k", tuned.get("split_k"))
+                split = self.option("split-k")
                 if split and (k_dim // 16) % (split * tile["warps"]):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of k16 steps")
+                if tuned_buckets:
+                    tile["split_k"] = [s for _, _, s in tuned_buckets]
+                    bad = [s for s in tile["split_k"] if (k_dim // 16) % (s * tile["warps"])]
+                    if bad:
+                        raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "
+                                            f"K = {k_dim} over {tile['warps']} warps")
+                    op.attrs["tile"] = tile
+                    continue
                 tile["split_k"] = [
                     1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
                         k_dim, n, min(spec.moe.num_experts,

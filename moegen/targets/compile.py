@@ -13,7 +13,8 @@ from ..passes.pipelines import default_pipeline, lower
 from ..spec import Spec
 
 
-def _ir_dumps(spec: Spec, target: str, pipeline: str | None) -> tuple[Module, str, dict]:
+def _ir_dumps(spec: Spec, target: str, pipeline: str | None,
+              tuning=None) -> tuple[Module, str, dict]:
     """The lowered module, its pipeline string, and the IR after each pass (file -> text)."""
     dumps: dict[str, str] = {}
     step = [0]
@@ -22,17 +23,18 @@ def _ir_dumps(spec: Spec, target: str, pipeline: str | None) -> tuple[Module, st
         step[0] += 1
         dumps[f"ir/{step[0]:02d}-{name.split('{')[0]}.mir"] = f"// after {name}\n{module}"
 
-    module, ctx, pm = lower(spec, target, pipeline, print_after_all=True, on_print=keep)
+    module, ctx, pm = lower(spec, target, pipeline, tuning=tuning, print_after_all=True,
+                            on_print=keep)
     from ..build import build
     dumps["ir/00-input.mir"] = f"// {spec.name}: input\n{build(spec)}"
     return module, pm.pipeline, dict(sorted(dumps.items()))
 
 
-def emit(spec: Spec, target: str, pipeline: str | None = None) -> dict[str, str]:
+def emit(spec: Spec, target: str, pipeline: str | None = None, tuning=None) -> dict[str, str]:
     """relative path -> file text of everything `moegen compile` writes."""
     if pipeline is None:
         pipeline = default_pipeline(spec.pipeline, target)
-    module, text, dumps = _ir_dumps(spec, target, pipeline)
+    module, text, dumps = _ir_dumps(spec, target, pipeline, tuning)
     if target == "cuda" and spec.pipeline == "moe_w4a16":
         from .cuda.emitter import emit_moe
         files = emit_moe(spec, module, text).files(spec.name)
@@ -48,10 +50,10 @@ def emit(spec: Spec, target: str, pipeline: str | None = None) -> dict[str, str]
 
 
 def compile_spec(spec: Spec, target: str, out_dir: str | Path,
-                 pipeline: str | None = None) -> list[Path]:
+                 pipeline: str | None = None, tuning=None) -> list[Path]:
     out = Path(out_dir)
     written = []
-    for rel, text in emit(spec, target, pipeline).items():
+    for rel, text in emit(spec, target, pipeline, tuning).items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")

@@ -119,8 +119,11 @@ class MoeW4A16:
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
-                 arch: str | None = None, tuning=None):
+                 arch: str | None = None, tuning="auto"):
         cp = _cupy()
+        if tuning == "auto":   # the tuning database at its default place, if there is one
+            from ...autotune import tuning_for
+            tuning = tuning_for()
         self.spec = load_spec(spec)
         if self.spec.pipeline != "moe_w4a16":
             raise ValueError(f"MoeW4A16 needs pipeline moe_w4a16, the spec has "

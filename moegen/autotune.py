@@ -1,0 +1,270 @@
+"""The tuning database, and the config-space sweep of `moegen autotune` (GPU).
+
+A database is one JSON file of entries. An entry holds, for one spec on one GPU, the best
+config measured at each token count. Its key hashes everything that matters: moegen's version,
+the printed IR of the spec's pipeline, the GPU name, the CUDA (NVRTC) version and the spec hash.
+Entries are written atomically (temp file + rename); an entry for the same spec and GPU whose
+metadata no longer matches (another moegen version, a changed spec or pipeline) is ignored, with
+one warning line.
+
+Where it lives: `--tuning-db PATH`, else $MOEGEN_TUNING_DB, else ~/.cache/moegen/tuning.json.
+
+The `tile` pass reads the entry through `Tuning.lookup`: each measured token count's best config
+serves the token counts nearest to it (bucket edges at the geometric midpoints), falling back to
+the documented defaults for anything an entry does not say.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .build import MOE_BLOCK_CHOICES, build
+from .spec import Spec, load_spec
+
+ENV = "MOEGEN_TUNING_DB"
+FORMAT = 1
+
+
+def default_path() -> Path:
+    env = os.environ.get(ENV)
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moegen" / "tuning.json"
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the key needs to know of the GPU."""
+    name: str
+    cuda: str
+
+    @staticmethod
+    def current() -> "Device":
+        import cupy as cp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        major, minor = cp.cuda.nvrtc.getVersion()
+        return Device(props["name"].decode(), f"nvrtc {major}.{minor}")
+
+
+def entry_key(spec: Spec, device: Device) -> str:
+    """Hash of (moegen version, printed IR, GPU name, CUDA version, spec hash)."""
+    ir = str(build(spec))
+    blob = json.dumps([__version__, ir, device.name, device.cuda, spec.hash])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def bucket_edges(tokens: list[int], tokens_max: int) -> list[int]:
+    """Upper token edge of each measured count's bucket: the geometric midpoints, then max."""
+    ts = sorted(tokens)
+    edges = [int(math.floor(math.sqrt(a * b))) for a, b in zip(ts, ts[1:])]
+    return edges + [tokens_max]
+
+
+class TuningDB:
+    def __init__(self, path: str | Path | None = None, warn=None):
+        self.path = Path(path) if path is not None else default_path()
+        self.warn = warn or (lambda msg: print(msg, file=sys.stderr))
+        self._warned = False
+        self.entries: dict[str, dict] = {}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                self.warn(f"moegen: tuning database {self.path} is unreadable ({exc}); ignored")
+                data = {}
+            if data.get("format") == FORMAT:
+                self.entries = dict(data.get("entries", {}))
+
+    # --- reading ------------------------------------------------------------------------------
+    def entry(self, spec: Spec, device: Device) -> dict | None:
+        key = entry_key(spec, device)
+        if key in self.entries:
+            return self.entries[key]
+        stale = [e for e in self.entries.values()
+                 if e["meta"]["spec"] == spec.name and e["meta"]["gpu"] == device.name]
+        if stale and not self._warned:
+            self._warned = True
+            old = stale[0]["meta"]
+            self.warn(f"moegen: tuning entry for {spec.name} on {device.name} (moegen "
+                      f"{old['moegen']}, spec {old['spec_hash']}) no longer matches; ignored "
+                      f"(run moegen autotune again)")
+        return None
+
+    def lookup_any(self, spec: Spec) -> dict | None:
+        """For a compile without a GPU: the first valid entry of this spec, whatever its GPU."""
+        for e in self.entries.values():
+            meta = e["meta"]
+            if meta["spec"] == spec.name:
+                found = self.lookup(spec, Device(meta["gpu"], meta["cuda"]))
+                if found:
+                    return found
+        return None
+
+    def lookup(self, spec: Spec, device: Device) -> dict | None:
+        """The tile pass's view: {"buckets": [[edge, block, split], ...]} (or None)."""
+        e = self.entry(spec, device)
+        if not e or not e.get("results"):
+            return None
+        results = sorted(e["results"], key=lambda r: r["tokens"])
+        edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max)
+        return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"]]
+                            for edge, r in zip(edges, results)]}
+
+    # --- writing ------------------------------------------------------------------------------
+    def record(self, spec: Spec, device: Device, results: list[dict]) -> str:
+        key = entry_key(spec, device)
+        self.entries[key] = {
+            "meta": {"moegen": __version__, "spec": spec.name, "spec_hash": spec.hash,
+                     "gpu": device.name, "cuda": device.cuda},
+            "results": results,
+        }
+        self.save()
+        return key
+
+    def save(self) -> None:
+        """Atomic: the old file stays whole until the new one is complete."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"format": FORMAT, "entries": self.entries}, indent=1, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+class Tuning:
+    """What a lowering consults: a database and the device it was measured on."""
+
+    def __init__(self, db: TuningDB, device: Device | None):
+        self.db, self.device = db, device
+
+    def lookup(self, spec: Spec, target: str) -> dict | None:
+        if target != "cuda" or spec.pipeline != "moe_w4a16":
+            return None
+        if self.device is None:           # compiling without a GPU: the entry of any GPU
+            return self.db.lookup_any(spec)
+        return self.db.lookup(spec, self.device)
+
+
+def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "current"):
+    """A Tuning over the database at `path` (default place when None), or None when there is no
+    database file. device "current" asks the GPU; None accepts an entry of any GPU."""
+    db = TuningDB(path)
+    if not db.path.exists():
+        return None
+    if device == "current":
+        try:
+            device = Device.current()
+        except Exception:
+            device = None
+    return Tuning(db, device)
+
+
+# --- the config space ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """One point of the sweep: the moe block and the GEMM split-K of a token count (block_n is
+    the packed weight tile, 64; warps and stages stay at the tile pass's values)."""
+    moe_block: int
+    split_k: int
+
+    def pipeline(self, fuse_swiglu: bool = True) -> str:
+        return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
+            f"tile{{moe-block={self.moe_block},split-k={self.split_k}}}", "alloc"])
+
+    def as_dict(self) -> dict:
+        return {"moe_block": self.moe_block, "split_k": self.split_k}
+
+
+def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
+    """Candidates for one token count: every block the routing buffers allow and every split-K
+    that divides both GEMMs' K steps over their warps; split-K only for decode sizes (T <= 64),
+    where some SMs would otherwise idle."""
+    from .passes.tile import GEMM_TILE, fit_warps
+    m = spec.moe
+    ks = [m.hidden_size, m.intermediate_size]
+    blocks = [m.block_size] if m.block_size else list(MOE_BLOCK_CHOICES)
+    splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
+    return [MoeConfig(b, s) for b in blocks for s in splits
+            if all((k // 16) % (s * fit_warps(k, GEMM_TILE["warps"])) == 0 for k in ks)]
+
+
+def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
+                 reps: int = 10, log=print) -> list[dict]:
+    """Sweep the config space on the GPU; every candidate is checked against the reference
+    before it is timed; failures (compile, resources, wrong numbers) score infinite."""
+    import time
+
+    import numpy as np
+
+    from . import reference
+    from .targets.cuda.bench import time_call
+    from .targets.cuda.runtime import MoeW4A16, _cupy
+    cp = _cupy()
+    spec = load_spec(spec)
+    m, g = spec.moe, spec.quant.group_size
+    device = Device.current()
+    start = time.monotonic()
+    rng = np.random.default_rng(0)
+    w13 = rng.integers(-8, 8, (m.num_experts, m.hidden_size, 2 * m.intermediate_size), np.int8)
+    s13 = (rng.random((m.num_experts, m.hidden_size // g, 2 * m.intermediate_size)) * 0.02
+           + 0.002).astype(np.float16)
+    w2 = rng.integers(-8, 8, (m.num_experts, m.intermediate_size, m.hidden_size), np.int8)
+    s2 = (rng.random((m.num_experts, m.intermediate_size // g, m.hidden_size)) * 0.02
+          + 0.002).astype(np.float16)
+    layers: dict[MoeConfig, object] = {}
+    results = []
+    for t in tokens:
+        x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
+        logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
+        ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
+        want = reference.moe_w4a16(x, ids, w, w13, s13, w2, s2, g)
+        xd, ld = cp.asarray(x), cp.asarray(logits)
+        default = MoeW4A16(spec)
+        dweights = default.pack(w13, s13, w2, s2)
+        default_us = time_call(cp, lambda: default(xd, ld, dweights), reps)
+        space = config_space(spec, t)
+        best = (math.inf, None)
+        for i, cfg in enumerate(space):
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
+                break
+            bar = "#" * (20 * (i + 1) // len(space))
+            print(f"\r  T={t:<5} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+            try:
+                layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline())
+                layers[cfg] = layer
+                weights = layer.pack(w13, s13, w2, s2)
+                y = cp.asnumpy(layer(xd, ld, weights)).astype(np.float64)
+                err = np.linalg.norm(y - want) / np.linalg.norm(want)
+                if not err <= 2e-3:      # NaN fails too
+                    raise ValueError(f"relative error {err:.2e}")
+                us = time_call(cp, lambda: layer(xd, ld, weights), reps)
+            except Exception as exc:  # compile failure, resources, wrong numbers: infinite
+                log(f"\n  {cfg}: scored infinite ({str(exc).splitlines()[0][:100]})")
+                continue
+            if us < best[0]:
+                best = (us, cfg)
+        print(file=sys.stderr)
+        if best[1] is None:
+            continue
+        results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
+                        "default_us": default_us, "checked": True})
+        log(f"  T={t}: best {best[1].as_dict()} {best[0]:.1f} us, default {default_us:.1f} us "
+            f"({default_us / best[0]:.2f}x)")
+    db.record(spec, device, results)
+    return results

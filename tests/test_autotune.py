@@ -1,0 +1,131 @@
+"""The tuning database and the config space (CPU); a short sweep on the GPU (-m gpu)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import moegen
+from moegen import autotune as at
+from moegen.passes.pipelines import lower
+from moegen.targets.compile import emit
+from conftest import ROOT
+
+QWEN = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+H200 = at.Device("NVIDIA H200", "nvrtc 13.0")
+RESULTS = [{"tokens": t, "config": {"moe_block": b, "split_k": s}, "time_us": 1.0,
+            "default_us": 2.0, "checked": True}
+           for t, b, s in ((1, 16, 2), (16, 8, 1), (64, 16, 1), (256, 32, 1), (2048, 64, 1))]
+
+
+def test_round_trip(tmp_path):
+    db = at.TuningDB(tmp_path / "t.json")
+    key = db.record(QWEN, H200, RESULTS)
+    again = at.TuningDB(tmp_path / "t.json")
+    assert again.entry(QWEN, H200)["results"] == RESULTS
+    assert key in json.loads((tmp_path / "t.json").read_text())["entries"]
+
+
+def test_key_is_stable_across_processes_and_tracks_what_matters():
+    code = ("import moegen; from moegen import autotune as at; "
+            "print(at.entry_key(moegen.load_spec('examples/qwen3-30b-a3b.yaml'), "
+            "at.Device('NVIDIA H200', 'nvrtc 13.0')))")
+    keys = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.strip() for _ in range(2)}
+    assert keys == {at.entry_key(QWEN, H200)}
+    other_gpu = at.entry_key(QWEN, at.Device("NVIDIA H100", "nvrtc 13.0"))
+    other_cuda = at.entry_key(QWEN, at.Device("NVIDIA H200", "nvrtc 12.8"))
+    other_spec = at.entry_key(moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml"), H200)
+    assert len({at.entry_key(QWEN, H200), other_gpu, other_cuda, other_spec}) == 4
+
+
+def test_atomic_write_survives_a_crash(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    db = at.TuningDB(path)
+    db.record(QWEN, H200, RESULTS)
+    before = path.read_text()
+
+    def crash(*a, **k):
+        raise KeyboardInterrupt("killed while writing")
+    monkeypatch.setattr(at.os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        db.record(QWEN, H200, RESULTS[:1])
+    assert path.read_text() == before                       # the old database is whole
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]   # no temp file left
+
+
+def test_stale_entries_are_ignored_with_one_warning(tmp_path):
+    path = tmp_path / "t.json"
+    db = at.TuningDB(path)
+    db.record(QWEN, H200, RESULTS)
+    data = json.loads(path.read_text())
+    (key, entry), = data["entries"].items()
+    entry["meta"]["moegen"] = "0.0.1"                 # made by another version: other key
+    data["entries"] = {"0" * 24: entry}
+    path.write_text(json.dumps(data))
+    warnings = []
+    stale = at.TuningDB(path, warn=warnings.append)
+    assert stale.lookup(QWEN, H200) is None and stale.lookup(QWEN, H200) is None
+    assert len(warnings) == 1 and "no longer matches" in warnings[0] and "0.0.1" in warnings[0]
+
+
+def test_config_space_is_pruned():
+    decode = at.config_space(QWEN, 1)
+    prefill = at.config_space(QWEN, 2048)
+    assert {c.split_k for c in prefill} == {1} and {c.split_k for c in decode} >= {1, 2, 4}
+    assert {c.moe_block for c in decode} == {8, 16, 32, 64}
+    odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
+                            "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
+                                    "top_k": 2, "block_size": 4}, "targets": {"cuda": {}}})
+    space = at.config_space(odd, 1)
+    assert {c.moe_block for c in space} == {4}
+    for c in space:   # K/16 = 6 and 10: only splits dividing both over their warps survive
+        assert 6 % c.split_k == 0 and 10 % c.split_k == 0
+
+
+def test_bucket_edges_pick_the_nearest_measured_count():
+    assert at.bucket_edges([1, 16, 64, 256, 2048], 8192) == [4, 32, 128, 724, 8192]
+
+
+def test_compile_uses_the_tuned_config(tmp_path):
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(QWEN, H200, RESULTS)
+    tuning = at.Tuning(at.TuningDB(path), H200)
+    module, _, _ = lower(QWEN, "cuda", tuning=tuning)
+    text = str(module)
+    assert "block_buckets = [[4, 16], [32, 8], [128, 16], [724, 32], [8192, 64]]" in text
+    assert "split_k = [2, 1, 1, 1, 1]" in text
+    files = emit(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), None))   # no GPU: any entry
+    plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+    assert plan["buckets"] == [[4, 16], [32, 8], [128, 16], [724, 32], [8192, 64]]
+    assert "moe_gemm_gate_up_b16_s2" in files["qwen3-30b-a3b.cu"]
+    # the CLI: --tuning-db and the environment variable
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "moegen", "compile", "examples/qwen3-30b-a3b.yaml",
+                           "-o", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "MOEGEN_TUNING_DB": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    assert [724, 32] in json.loads((out / "qwen3-30b-a3b.launch.json").read_text())["buckets"]
+    # without a database the defaults stand
+    assert "[[16, 8], [64, 8], [8192, 32]]" in str(lower(QWEN, "cuda")[0])
+
+
+def test_hand_edited_bad_split_fails_clearly(tmp_path):
+    path = tmp_path / "t.json"
+    bad = [dict(r, config={"moe_block": 8, "split_k": 7}) for r in RESULTS[:1]]
+    at.TuningDB(path).record(QWEN, H200, bad)
+    with pytest.raises(moegen.passes.manager.PipelineError, match="split-k 7 does not divide"):
+        lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))
+
+
+@pytest.mark.gpu
+def test_short_autotune_on_the_gpu(tmp_path):
+    pytest.importorskip("cupy")
+    db = at.TuningDB(tmp_path / "t.json")
+    spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
+    results = at.autotune_moe(spec, [1, 33], db, budget_s=120, reps=3)
+    assert results and all(r["checked"] for r in results)
+    layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
+                                                        at.Device.current()))
+    assert [b for _, b in layer.plan["buckets"]] == [r["config"]["moe_block"] for r in results]
