@@ -271,3 +271,12 @@ def test_generated_ascend_is_up_to_date():
     assert on_disk == set(files)
     for rel, text in files.items():
         assert (folder / rel).read_text() == text, f"generated/ascend/msd-seed/{rel} is stale"
+
+
+@pytest.mark.parametrize("change,message", [({"m": 17}, "msd.m: 17 must be in 1..16"),
+                                            ({"n": 100}, "msd.n: 100 must be a multiple of 64")])
+def test_shapes_the_kernel_cannot_serve_are_rejected(change, message):
+    spec = {"name": "t", "pipeline": "msd_matmul", "msd": {"m": 1, "n": 128, "k": 256, **change},
+            "targets": {"ascend": {}}}
+    with pytest.raises(moegen.SpecError, match=re.escape(message)):
+        emit(moegen.load_spec(spec), "ascend")

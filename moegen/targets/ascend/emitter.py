@@ -15,7 +15,7 @@ from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes.schedule import CUBE, MODES, Action, Schedule, derive_slots, generate, loop_stages
 from ...render import render
-from ...spec import Spec
+from ...spec import Spec, SpecError
 from ..cuda.emitter import file_header
 
 GUARD = {CUBE: "ASCEND_IS_AIC", "vec": "ASCEND_IS_AIV"}
@@ -77,6 +77,17 @@ def schedule_metadata(schedules: list[Schedule]) -> dict:
 
 def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str]:
     """relative path -> text of the whole op project."""
+    s = spec.msd
+    if not 1 <= s.m <= 16:
+        raise SpecError(f"msd.m: {s.m} must be in 1..16 for the Ascend MSD kernel "
+                        "(steps x M rows fit one cube base tile)")
+    if s.n % 64:
+        raise SpecError(f"msd.n: {s.n} must be a multiple of 64 for the Ascend MSD kernel")
+    if spec.quant.group_size % 64:
+        raise SpecError(f"quant.group_size: {spec.quant.group_size} must be 64 or 128 for the "
+                        "Ascend MSD kernel")
+    if spec.targets.ascend is None:
+        raise SpecError("targets.ascend: None is required to emit the Ascend project")
     op, Op = op_names(spec)
     loop = next(o for o in module.function().ops if o.NAME == "msd.group_loop")
     groups = int(loop.attr("groups"))
@@ -85,7 +96,6 @@ def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str
     chosen = next(s for s in schedules if s.mode == loop.attrs.get("schedule", spec.schedule))
     if recorded is not None and recorded != chosen.slots:
         raise ValueError(f"the module's slots {recorded} differ from the schedule {chosen.slots}")
-    s = spec.msd
     factors = DEFAULT_FACTORS[:s.steps]
     header = file_header(spec, pipeline)
     ctx = {
