@@ -82,3 +82,18 @@ def test_opt_pass_pipeline(tmp_path):
     assert "moe.align(" in out and "block_buckets = [[16, 4], [64, 4]]" in out
     proc = run_moegen("opt", f, "--pass-pipeline", "tile")
     assert proc.returncode == 2 and "needs --spec" in proc.stderr
+
+
+def test_gpu_commands_without_a_gpu_say_so(tmp_path):
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here: the commands would try the GPU")
+    except ImportError:
+        pass
+    for args in (["run", "examples/moe-seed.yaml"], ["bench", "examples/qwen3-30b-a3b.yaml"],
+                 ["run", "examples/msd-seed.yaml"], ["autotune", "examples/moe-seed.yaml"]):
+        proc = run_moegen(*args, cwd=ROOT)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "needs an NVIDIA GPU" in proc.stderr
+    proc = run_moegen("bench", "examples/moe-seed.yaml", "--tokens", "1,x", cwd=ROOT)
+    assert proc.returncode == 2 and "--tokens '1,x'" in proc.stderr
