@@ -67,3 +67,23 @@ def test_nvcc_compiles_without_spills(tmp_path, name, arch):
     stacks = re.findall(r"(\d+) bytes stack frame", log)
     assert all(s == "0" for s in stacks), log
     assert "warning" not in log.lower(), log
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_nvcc_compiles_the_largest_expert_count(tmp_path):
+    """E = 512 (the spec's limit): router registers, align's shared memory (< 48 KB static)."""
+    spec = moegen.load_spec({"name": "e512", "pipeline": "moe_w4a16",
+                             "moe": {"hidden_size": 1024, "intermediate_size": 256,
+                                     "num_experts": 512, "top_k": 8},
+                             "targets": {"cuda": {}}})
+    src = tmp_path / "e512.cu"
+    files = emit(spec, "cuda")
+    src.write_text(files["e512.cu"])
+    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", str(src), "-o",
+           str(tmp_path / "k.cubin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert all(a == "0" for a in re.findall(r"(\d+) bytes spill stores", proc.stderr))
+    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    assert smem and max(smem) <= 48 * 1024
