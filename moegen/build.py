@@ -26,14 +26,25 @@ def symbols(spec: Spec) -> dict[str, int]:
     return {"M": s.m, "N": s.n, "K": s.k, "G": g, "S": s.steps}
 
 
+def _attr_dict(d: dict) -> dict:
+    """The spec as an IR attribute (unset entries left out: parsing fills the same defaults)."""
+    return {k: _attr_dict(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+def spec_of(module: Module) -> Spec | None:
+    """The spec a built module carries in its attributes (None for a raw pipeline file)."""
+    data = module.attrs.get("spec")
+    return load_spec(data) if isinstance(data, dict) else None
+
+
 def build(spec) -> Module:
     """Instantiate the spec's pipeline with its sizes, verified."""
     spec = load_spec(spec)
     path = pipeline_file(spec.pipeline)
     module = parse(path.read_text(), source=str(path), env=symbols(spec))
     module.name = spec.name
-    module.attrs = {"pipeline": spec.pipeline, "spec": spec.name, "spec_hash": spec.hash,
-                    "tokens_max": spec.tokens.max}
+    module.attrs = {"pipeline": spec.pipeline, "spec": _attr_dict(spec.to_dict()),
+                    "spec_hash": spec.hash, "tokens_max": spec.tokens.max}
     if spec.pipeline == "moe_w4a16":
         for op in module.function().ops:
             if op.NAME == "moe.topk_softmax":

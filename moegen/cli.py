@@ -152,10 +152,11 @@ def cmd_opt(args) -> int:
     module = parse(text, source=str(path))
     module.verify()
     if args.pass_pipeline:
-        if not args.spec:
-            raise UsageError("--pass-pipeline needs --spec SPEC: the passes read the spec's "
-                             "sizes, schedule and targets")
-        spec = load_spec(args.spec)
+        from .build import spec_of
+        spec = load_spec(args.spec) if args.spec else spec_of(module)
+        if spec is None:
+            raise UsageError("--pass-pipeline on a module without a spec attribute (a raw "
+                             "pipeline file) needs --spec SPEC: the passes read its sizes")
         pm = PassManager(args.pass_pipeline, **_manager_options(args))
         pm.run(module, Context(spec=spec, target=args.target or default_target(spec)))
         if args.time_passes:
@@ -215,7 +216,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Parse a module in moegen's textual IR, verify it, run "
                                    "--pass-pipeline over it (with --spec), print it.")
     s.add_argument("file", help="a .mir file, or - for standard input")
-    s.add_argument("--spec", help="the spec the passes read (needed with --pass-pipeline)")
+    s.add_argument("--spec", help="the spec the passes read (default: the one a built module "
+                                  "carries in its attributes)")
     _pass_options(s)
     s.set_defaults(func=cmd_opt)
 

@@ -80,7 +80,10 @@ def test_opt_pass_pipeline(tmp_path):
     out = run_moegen("opt", f, "--spec", spec, "--pass-pipeline", "fuse-align,tile",
                      check=True).stdout
     assert "moe.align(" in out and "block_buckets = [[16, 4], [64, 4]]" in out
-    proc = run_moegen("opt", f, "--pass-pipeline", "tile")
+    # a built module carries its spec: no --spec needed
+    out2 = run_moegen("opt", f, "--pass-pipeline", "fuse-align,tile", check=True).stdout
+    assert out2 == out
+    proc = run_moegen("opt", ROOT / "ir" / "moe_w4a16.mir", "--pass-pipeline", "tile")
     assert proc.returncode == 2 and "needs --spec" in proc.stderr
 
 

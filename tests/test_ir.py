@@ -216,3 +216,12 @@ def test_verifier_gemm_shapes():
     gemm.operands[2].type = parse_type("tensor<8x4x256xf16>")
     with pytest.raises(VerifyError, match="w_scale %w13_scale must have shape 8x2x256"):
         module.verify()
+
+
+def test_built_module_carries_its_spec():
+    from moegen.build import spec_of
+    for path in EXAMPLES:
+        spec = moegen.load_spec(path)
+        again = spec_of(parse(str(moegen.build(spec))))
+        assert again == spec and again.hash == spec.hash
+    assert spec_of(parse(MOE_TEXT)) is None
