@@ -7,6 +7,7 @@ early, so a call can be captured in a CUDA graph and replayed.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +44,27 @@ def device_arch() -> str:
     return f"sm_{_cupy().cuda.Device().compute_capability}"
 
 
+# Compiled modules of this process, by a hash of source, options and arch: a second layer of the
+# same spec reuses the module. Across processes CuPy's on-disk kernel cache (CUPY_CACHE_DIR, keyed
+# by source, options and NVRTC version) spares the compile.
+_MODULES: dict[str, object] = {}
+
+
 def compile_program(program: CudaProgram, arch: str, stem: str):
     """CuPy RawModule of the program's source, for `arch`; failures name the source and options."""
     cp = _cupy()
     include = data_dir("templates") / "cuda"
     options = ("--std=c++17", f"--gpu-architecture={arch}", f"-I{include}")
+    header = (include / "moegen_w4a16.cuh").read_text()
+    key = hashlib.sha256("\0".join((program.source, header, *options)).encode()).hexdigest()
+    if key in _MODULES:
+        return _MODULES[key]
     try:
-        return cp.RawModule(code=program.source, options=options)
+        module = cp.RawModule(code=program.source, options=options)
+        for k in program.plan["kernels"]:      # compile now, inside the try
+            module.get_function(k["name"])
+        _MODULES[key] = module
+        return module
     except cp.cuda.compiler.CompileException as exc:
         dump = Path.cwd() / f"{stem}.failed.cu"
         dump.write_text(program.source)
