@@ -53,7 +53,7 @@ def cmd_inspect(args) -> int:
 
 
 def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
-    from .passes.schedule import derive_slots, generate, loop_stages
+    from .passes.schedule import derived_schedule
     from .sim.engine import Machine, simulate
     from .sim.timeline import Panel, ascii_gantt, svg, window
     if spec.pipeline != "msd_matmul":
@@ -64,7 +64,7 @@ def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
     shape = (spec.msd.m, spec.msd.n, spec.quant.group_size, spec.msd.steps)
     out, panels = [], []
     for mode in ("basic", "preload"):
-        sched = derive_slots(generate(loop_stages(loop), mode, int(loop.attr("groups"))))
+        sched = derived_schedule(loop, mode)
         checked = simulate(sched, Machine(cores=2))            # hazards and deadlock
         timed = simulate(sched, Machine(cores=cores), shape=shape, check=False)
         panel = Panel(f"{mode} ({cores} cores)", timed, window(timed, 6))

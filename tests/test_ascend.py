@@ -185,7 +185,7 @@ def test_check_fails_on_a_corrupted_emission(corrupt):
 
 @pytest.mark.skipif(GPP is None, reason="g++ not installed")
 def test_emitted_tiling_code_matches_the_tile_pass(tmp_path):
-    files = write_project(tmp_path, SEED)
+    write_project(tmp_path, SEED)
     driver = tmp_path / "driver.cpp"
     shapes = [(1, 12288, 8192, 3), (5, 4160, 1024, 3), (16, 4096, 8192, 2), (3, 100032, 256, 1)]
     calls = "\n".join(

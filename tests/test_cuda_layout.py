@@ -51,3 +51,19 @@ def test_kernel_view_of_the_layout(rng):
         for tile in (0, 1):
             got = emulate_b_tile(words[0], ps[0], kstep, tile, g)
             assert np.array_equal(got, dense[kstep * 16:(kstep + 1) * 16, tile * 64:(tile + 1) * 64])
+
+
+def test_msd_pack_round_trip_and_fragment_view(rng):
+    from moegen.targets.cuda.layout import pack_msd_weights, unpack_msd_weights
+    for k, n in ((256, 100), (128, 64), (512, 8)):
+        q = rng.integers(-8, 8, (k, n), dtype=np.int8)
+        words = pack_msd_weights(q)
+        assert words.shape == (-(-n // 8), k // 64, 32, 2)
+        assert np.array_equal(unpack_msd_weights(words, n), q)
+        # mma.sync m16n8k64 s4 B fragment: lane l's word j, nibble i is
+        # k = 64 s + 32 j + 8 (l % 4) + i of column 8 t + l / 4
+        t, s, lane, j, i = rng.integers(0, words.shape[0]), rng.integers(0, k // 64), 13, 1, 5
+        col = 8 * t + lane // 4
+        if col < n:
+            nib = (int(words[t, s, lane, j]) >> (4 * i)) & 0xF
+            assert nib == q[64 * s + 32 * j + 8 * (lane % 4) + i, col] & 0xF

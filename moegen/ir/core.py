@@ -310,9 +310,5 @@ def verify_function(fn: Function) -> None:
     rec(fn.body, "return", fn.result_types)
 
 
-def bind_types(types: list[Type], env: dict) -> list[Type]:
-    return [t.subs(env) for t in types]
-
-
 __all__ = ["Attr", "Block", "Function", "IndexType", "Module", "OPS", "Op", "TensorType", "Value",
-           "VerifyError", "verify_function", "bind_types"]
+           "VerifyError", "verify_function"]

@@ -271,13 +271,19 @@ def derive_slots(schedule: Schedule, max_slots: int = 8) -> Schedule:
         current = current.with_slots(**slots)
 
 
+def derived_schedule(loop, mode: str, iterations: int | None = None) -> Schedule:
+    """The action lists of an msd.group_loop under `mode`, with their slots derived."""
+    n = int(loop.attr("groups")) if iterations is None else iterations
+    return derive_slots(generate(loop_stages(loop), mode, n))
+
+
 def schedule_of(module: Module) -> Schedule:
     """The schedule of a module's K loop, re-derived from its `schedule` attribute."""
     loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
     mode = loop.attrs.get("schedule")
     if mode is None:
         raise ScheduleError("the K loop has no schedule: run the schedule pass first")
-    sched = derive_slots(generate(loop_stages(loop), mode, int(loop.attr("groups"))))
+    sched = derived_schedule(loop, mode)
     recorded = loop.attrs.get("slots")
     if recorded is not None and recorded != sched.slots:
         raise ScheduleError(f"the K loop records slots {recorded} but the schedule derives "
@@ -294,7 +300,7 @@ class SchedulePass(Pass):
     def apply(self, module: Module, ctx: Context) -> None:
         mode = self.option("mode", ctx.spec.schedule)
         loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
-        sched = derive_slots(generate(loop_stages(loop), mode, int(loop.attr("groups"))))
+        sched = derived_schedule(loop, mode)
         for fl in sched.flags.values():
             if not 0 <= fl.id <= MAX_FLAG_ID:
                 raise ScheduleError(f"flag {fl.name} has id {fl.id}, outside 0..{MAX_FLAG_ID}")

@@ -120,7 +120,6 @@ def simulate(schedule: Schedule, machine: Machine = Machine(), iterations: int |
         sync, barrier = costs.sync_us, costs.barrier_us
     programs = {kind: schedule.unroll(kind, n) for kind in schedule.programs}
     units = [_Unit(unit_name(k, c, j), k, c, programs[k]) for k, c, j in machine.units()]
-    by_name = {u.name: u for u in units}
     signals: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     result = Result(timed=shape is not None)
 

@@ -13,10 +13,10 @@ import re
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
-from ...passes.schedule import CUBE, MODES, Action, Schedule, derive_slots, generate, loop_stages
+from ...passes.schedule import CUBE, MODES, Action, Schedule, derived_schedule
 from ...render import render
 from ...spec import Spec, SpecError
-from ..cuda.emitter import file_header
+from ..header import file_header
 
 GUARD = {CUBE: "ASCEND_IS_AIC", "vec": "ASCEND_IS_AIV"}
 STAGE_CALL = {"unfold": "vec_.UnfoldA", "matmul": "cube_.LaunchMatmul", "merge": "vec_.MergeY"}
@@ -90,8 +90,7 @@ def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str
         raise SpecError("targets.ascend: None is required to emit the Ascend project")
     op, Op = op_names(spec)
     loop = next(o for o in module.function().ops if o.NAME == "msd.group_loop")
-    groups = int(loop.attr("groups"))
-    schedules = [derive_slots(generate(loop_stages(loop), mode, groups)) for mode in MODES]
+    schedules = [derived_schedule(loop, mode) for mode in MODES]
     recorded = loop.attrs.get("slots")
     chosen = next(s for s in schedules if s.mode == loop.attrs.get("schedule", spec.schedule))
     if recorded is not None and recorded != chosen.slots:

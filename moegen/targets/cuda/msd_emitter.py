@@ -10,11 +10,12 @@ from __future__ import annotations
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
-from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derive_slots, generate, loop_stages
+from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derived_schedule
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec, SpecError
-from .emitter import HEADER_FILE, CudaProgram, file_header
+from ..header import file_header
+from .emitter import HEADER_FILE, CudaProgram
 
 BLOCK_N = 32
 STAGE_CALL = {
@@ -52,8 +53,7 @@ def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     if not 1 <= s.m <= 64:
         raise SpecError(f"msd.m: {s.m} must be in 1..64 for the CUDA MSD kernel")
     loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
-    groups = int(loop.attr("groups"))
-    schedules = [derive_slots(generate(loop_stages(loop), mode, groups)) for mode in MODES]
+    schedules = [derived_schedule(loop, mode) for mode in MODES]
     flags = sorted(schedules[0].flags.values(), key=lambda f: f.id)
     factors = DEFAULT_FACTORS[:s.steps]
     source = render(
