@@ -12,8 +12,10 @@ MoE (`moe_w4a16`):
   expert's weights are read by one block instead of several. A spec with `moe.block_size` or
   the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
-  64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range, each
-  streaming its weights 4 k16 steps ahead in registers; split_k is one entry per bucket: in a
+  64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range; stages is
+  one entry per bucket: each warp streams its k16 steps through a cp.async ring of that many
+  shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass 48 KB:
+  block 32 -> 5, 64 -> 3); split_k is one entry per bucket: in a
   decode bucket whose smallest call (one block per active expert) has fewer 64-column tiles
   than the GPU has SMs (132), the K loop is split over CTAs until about four CTAs per SM are
   busy; otherwise 1 (measured: splitting when every SM already has a tile only adds the
@@ -35,7 +37,10 @@ from .manager import Context, Option, Pass, PipelineError
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
 PREFILL_BLOCK = 32
-GEMM_TILE = {"block_n": 64, "warps": 4, "stages": 4}
+GEMM_TILE = {"block_n": 64, "warps": 4, "stages": 8}
+SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
+RING_ROW_BYTES = 48         # one staged activation row of a k16 step (32 bytes + padding)
+RING_FIXED_BYTES = 512 + 128   # one stage's weights (32 lanes x 16 B) and scales (8 x 16 B)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 128, "warps": 4}
@@ -86,6 +91,14 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     return split
 
 
+def gemm_stages(block: int, warps: int, most: int) -> int:
+    """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
+    warp, each stage holding a k16 step's weights, scales and the block's rows padded to m16)
+    would not fit its static shared memory."""
+    stage = RING_FIXED_BYTES + align_up(block, 16) * RING_ROW_BYTES
+    return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
+
+
 def fit_warps(k_dim: int, warps: int) -> int:
     """The most warps (<= warps) that split K/16 steps evenly."""
     while warps > 1 and (k_dim // 16) % warps:
@@ -112,7 +125,7 @@ class TilePass(Pass):
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
         "block-n": Option(int, None, "GEMM columns per CTA (the packed tile: 64)", choices=(64,)),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
-        "stages": Option(int, None, "k16 steps of weights each warp keeps in flight"),
+        "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits at decode sizes"),
     }
 
@@ -146,6 +159,8 @@ class TilePass(Pass):
                 if split and (k_dim // 16) % (split * tile["warps"]):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of k16 steps")
+                most = tile.pop("stages")
+                tile["stages"] = [gemm_stages(block, tile["warps"], most) for _, block in buckets]
                 if tuned_buckets:
                     tile["split_k"] = [s for _, _, s in tuned_buckets]
                     bad = [s for s in tile["split_k"] if (k_dim // 16) % (s * tile["warps"])]

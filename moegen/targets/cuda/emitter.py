@@ -42,7 +42,6 @@ class GemmPlan:
     perm_gate_up: bool
     mul_weights: bool
     warps: int
-    stages: int
     variants: list[dict] = field(default_factory=list)   # per bucket: block, split, kernel
 
 
@@ -73,12 +72,12 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
             row_div=int(op.attr("topk")), epilogue=epi, perm_gate_up=gate_up,
-            mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"],
-            stages=tile["stages"])
-        for (edge, block), split in zip(op.attrs["block_buckets"], tile["split_k"]):
-            kernel = f"moe_gemm_{g.name}_b{block}_s{split}"
+            mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"])
+        for (edge, block), split, stages in zip(op.attrs["block_buckets"], tile["split_k"],
+                                                tile["stages"]):
+            kernel = f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
-                               "kernel": kernel})
+                               "stages": stages, "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
