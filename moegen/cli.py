@@ -113,7 +113,8 @@ def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import bench_msd
-        _gpu(bench_msd, spec, args.json, args.reps)
+        rows = _token_list(args.rows) if args.rows else [spec.msd.m]
+        _gpu(bench_msd, spec, args.json, args.reps, rows)
         return 0
     from .targets.cuda.bench import bench_moe
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
@@ -234,6 +235,8 @@ def make_parser() -> argparse.ArgumentParser:
                                    "flushed), the int4 memory floor, %% of floor, PyTorch bf16.")
     s.add_argument("spec")
     s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
+    s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "
+                   "(default: the spec's msd.m)")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

@@ -103,3 +103,18 @@ def msd_matmul(x, w_q, scale, group_size: int = 128, steps: int = 3, accumulate=
         y = interp.int_matmul(slices[:, :, cols], w_q[cols])
         acc = interp.merge(acc, y, amax[:, g], scale[g:g + 1])
     return acc if accumulate == np.float64 else acc.astype(np.float32)
+
+
+def dequant_matmul(x, w_q, scale, group_size: int = 128):
+    """float64 [M, N] = x @ (w_q * scale): the product the `dequant` lowering computes (and that
+    MSD approximates), with each group's scale row applied to its K rows."""
+    x = np.asarray(x, dtype=np.float64)
+    w_q = np.asarray(w_q)
+    scale = np.asarray(scale, dtype=np.float64)
+    kdim = x.shape[1]
+    if kdim % group_size or w_q.shape[0] != kdim or scale.shape != (kdim // group_size,
+                                                                     w_q.shape[1]):
+        raise ValueError(f"shapes x {x.shape}, w_q {w_q.shape}, scale {scale.shape} do not fit "
+                         f"group_size {group_size}")
+    return x @ (w_q.astype(np.float64) * np.repeat(scale, group_size, axis=0))
+

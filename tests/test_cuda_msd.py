@@ -1,4 +1,6 @@
 """The CUDA MSD matmul against the numpy reference (run with -m gpu on a GPU machine)."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -8,36 +10,122 @@ from moegen import reference as R
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
-CASES = [(1, 12288, 8192, 3), (1, 12288, 8192, 1), (2, 4096, 4096, 2), (5, 11008, 4096, 3),
-         (16, 4096, 4096, 3), (64, 1000, 1024, 3), (5, 1000, 1024, 1), (16, 1000, 1024, 2)]
+MS = (1, 2, 5, 16, 64)
+NKS = ((12288, 8192), (4096, 4096), (11008, 4096), (1000, 1024))
+# every M with every (N, K); the slice count cycles through 1, 2, 3
+CASES = [(m, n, k, 1 + i % 3) for i, (m, (n, k)) in enumerate(itertools.product(MS, NKS))]
 
 
-def spec_for(m, n, k, steps):
+def spec_for(m, n, k, steps, group=128, lowering="msd"):
     return moegen.load_spec({"name": f"msd-{m}-{n}-{k}-{steps}", "pipeline": "msd_matmul",
                              "msd": {"m": m, "n": n, "k": k, "steps": steps},
-                             "targets": {"cuda": {"arch": "sm_90"}}})
+                             "quant": {"bits": 4, "group_size": group, "symmetric": True},
+                             "lowering": lowering, "targets": {"cuda": {"arch": "sm_90"}}})
+
+
+def draws(rng, m, n, k, group, seed_style):
+    if seed_style:   # as the sample's golden generator draws
+        return (rng.uniform(-3, 3, (m, k)).astype(np.float16),
+                rng.integers(-6, 7, (k, n), dtype=np.int8),
+                rng.uniform(-3, 3, (k // group, n)).astype(np.float16))
+    return (rng.standard_normal((m, k)).astype(np.float16),
+            rng.integers(-8, 8, (k, n), dtype=np.int8),
+            (rng.random((k // group, n)) * 0.05).astype(np.float16))
+
+
+def run(op, x, packed, s, schedule):
+    op.out.fill(np.float16(np.nan))          # poison: every element must be written
+    y = cp.asnumpy(op(cp.asarray(x), packed, cp.asarray(s), schedule=schedule))
+    assert not np.isnan(y).any(), schedule
+    return y
+
+
+def rel(y, want):
+    return np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want)
+
+
+def check_msd(rng, spec, pipeline=None):
+    op = moegen.cuda.MsdMatmul(spec, pipeline=pipeline)
+    s_ = spec.msd
+    g = spec.quant.group_size
+    outs = {}
+    for seed_style in (True, False):
+        x, w, s = draws(rng, s_.m, s_.n, s_.k, g, seed_style)
+        packed = op.pack(w)
+        want = R.msd_matmul(x, w, s, g, s_.steps, accumulate=np.float64)
+        for mode in ("basic", "preload"):
+            y = run(op, x, packed, s, mode)
+            err = rel(y, want)
+            assert err <= 2e-3, f"{mode}: relative error {err:.2e}"
+            outs[mode] = y.view(np.uint16).copy()
+        assert np.array_equal(outs["basic"], outs["preload"]), "basic and preload differ"
+    return outs
 
 
 @pytest.mark.parametrize("m,n,k,steps", CASES, ids=[f"m{c[0]}-n{c[1]}-k{c[2]}-s{c[3]}" for c in CASES])
 def test_against_reference_and_basic_equals_preload(rng, m, n, k, steps):
-    op = moegen.cuda.MsdMatmul(spec_for(m, n, k, steps))
+    check_msd(rng, spec_for(m, n, k, steps))
+
+
+@pytest.mark.parametrize("pipeline", ["tile{mma=s8},schedule,alloc", "tile{block-n=64},schedule,alloc",
+                                      "tile{stages=2},schedule,alloc"])
+def test_tile_variants(rng, pipeline):
+    check_msd(rng, spec_for(5, 1000, 1024, 3), pipeline)
+    check_msd(rng, spec_for(16, 4096, 4096, 2), pipeline)
+
+
+def test_group_64(rng):
+    check_msd(rng, spec_for(2, 4096, 4096, 3, group=64))
+
+
+def test_s4_and_s8_mma_agree_bitwise(rng):
+    spec = spec_for(5, 4096, 4096, 3)
+    x, w, s = draws(rng, 5, 4096, 4096, 128, True)
+    ys = []
+    for pipeline in (None, "tile{mma=s8},schedule,alloc"):
+        op = moegen.cuda.MsdMatmul(spec, pipeline=pipeline)
+        ys.append(run(op, x, op.pack(w), s, "preload").view(np.uint16))
+    assert np.array_equal(ys[0], ys[1])
+
+
+DEQUANT = [(1, 12288, 8192, 128), (2, 1000, 1024, 128), (5, 11008, 4096, 64), (16, 4096, 4096, 128),
+           (64, 1000, 1024, 128)]
+
+
+@pytest.mark.parametrize("m,n,k,group", DEQUANT, ids=[f"m{c[0]}-n{c[1]}-k{c[2]}-g{c[3]}" for c in DEQUANT])
+def test_dequant_lowering(rng, m, n, k, group):
+    spec = spec_for(m, n, k, 3, group=group, lowering="dequant")
+    op = moegen.cuda.MsdMatmul(spec)
+    assert op.schedules == ["dequant"]
     for seed_style in (True, False):
-        if seed_style:   # as the sample's golden generator draws
-            x = rng.uniform(-3, 3, (m, k)).astype(np.float16)
-            w = rng.integers(-6, 7, (k, n), dtype=np.int8)
-            s = rng.uniform(-3, 3, (k // 128, n)).astype(np.float16)
-        else:
-            x = rng.standard_normal((m, k)).astype(np.float16)
-            w = rng.integers(-8, 8, (k, n), dtype=np.int8)
-            s = (rng.random((k // 128, n)) * 0.05).astype(np.float16)
+        x, w, s = draws(rng, m, n, k, group, seed_style)
         packed = op.pack(w)
-        want = R.msd_matmul(x, w, s, 128, steps, accumulate=np.float64)
-        outs = {}
-        for mode in ("basic", "preload"):
-            op.out.fill(np.float16(np.nan))
-            y = cp.asnumpy(op(cp.asarray(x), packed, cp.asarray(s), schedule=mode))
-            assert not np.isnan(y).any(), mode
-            err = np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want)
-            assert err <= 2e-3, f"{mode}: relative error {err:.2e}"
-            outs[mode] = y.view(np.uint16).copy()
-        assert np.array_equal(outs["basic"], outs["preload"]), "basic and preload differ"
+        first = run(op, x, packed, s, None)
+        err = rel(first, R.dequant_matmul(x, w, s, group))
+        assert err <= 2e-3, f"relative error {err:.2e}"
+        again = run(op, x, packed, s, None)
+        assert np.array_equal(first.view(np.uint16), again.view(np.uint16))   # split-K order fixed
+    with pytest.raises(ValueError, match="schedule: 'preload' is not compiled"):
+        op(cp.asarray(x), packed, cp.asarray(s), schedule="preload")
+
+
+def test_graph_capture_replays_with_new_inputs(rng):
+    spec = spec_for(2, 4096, 4096, 3)
+    op = moegen.cuda.MsdMatmul(spec)
+    x, w, s = draws(rng, 2, 4096, 4096, 128, True)
+    packed = op.pack(w)
+    xd, sd = cp.asarray(x), cp.asarray(s)
+    op(xd, packed, sd)                                   # compile and load before capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        op(xd, packed, sd)
+        graph = stream.end_capture()
+    x2 = rng.uniform(-3, 3, x.shape).astype(np.float16)
+    xd[...] = cp.asarray(x2)
+    op.out.fill(np.float16(np.nan))
+    cp.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    y = cp.asnumpy(op.out)
+    assert rel(y, R.msd_matmul(x2, w, s, 128, 3, accumulate=np.float64)) <= 2e-3

@@ -27,7 +27,14 @@ singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
 singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tail),
 baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
 dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
-MSD on CUDA: ``tile = {block_n, warps}`` = 128 columns per CTA, 4 warps.
+MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma}``: 32 output columns
+per CTA (block-n=64 doubles them), the matrix warps' weight ring 8 groups deep (stages=N), the
+vector warps' activation ring as deep as 8 KB per warp allows (2..8 groups), and the integer MMA
+`s4` (mma.sync m16n8k64 s4, the default: measured no slower than s8, docs/PERF.md) or `s8`
+(m16n8k32 on weights and slices widened in registers).
+``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
+warps, stages, split_k}``: rows per CTA min(32, M rounded up to 16), 64 columns, 4 warps, ring
+stages as for MoE, K split until about four CTAs per SM are busy.
 """
 from __future__ import annotations
 
@@ -43,7 +50,9 @@ RING_ROW_BYTES = 48         # one staged activation row of a k16 step (32 bytes 
 RING_FIXED_BYTES = 512 + 128   # one stage's weights (32 lanes x 16 B) and scales (8 x 16 B)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 128, "warps": 4}
+MSD_CUDA_TILE = {"block_n": 32, "stages": 8, "mma": "s4"}
+MSD_X_RING_BYTES = 8192     # activation ring of one vector warp (MSD on CUDA)
+DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 
 
 def align_up(x: int, a: int) -> int:
@@ -99,6 +108,21 @@ def gemm_stages(block: int, warps: int, most: int) -> int:
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
+def msd_x_stages(m: int, group: int) -> int:
+    """Activation-ring depth of a vector warp: its rows of one group, up to 8 KB, 2..8 deep."""
+    stage = -(-m // 2) * group * 2
+    return max(2, min(8, MSD_X_RING_BYTES // stage))
+
+
+def dense_split_k(k_dim: int, tiles: int, warps: int) -> int:
+    """K splits for a dense GEMM of `tiles` output tiles: until about four CTAs per SM."""
+    split = 1
+    while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
+           and (k_dim // 16) % (split * 2 * warps) == 0):
+        split *= 2
+    return split
+
+
 def fit_warps(k_dim: int, warps: int) -> int:
     """The most warps (<= warps) that split K/16 steps evenly."""
     while warps > 1 and (k_dim // 16) % warps:
@@ -123,7 +147,9 @@ class TilePass(Pass):
     OPTIONS = {
         "moe-block": Option(int, None, "one moe block size for every token count",
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
-        "block-n": Option(int, None, "GEMM columns per CTA (the packed tile: 64)", choices=(64,)),
+        "block-n": Option(int, None, "columns per CTA (MoE: the packed tile, 64; MSD: 32 or 64)",
+                          choices=(32, 64)),
+        "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits at decode sizes"),
@@ -151,6 +177,11 @@ class TilePass(Pass):
                                      f"buffers allow (block = {op.attr('block')})")
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.grouped_gemm_w4a16":
+                if self.option("mma") is not None:
+                    raise PipelineError("tile{mma=...}: an MSD option; this is an MoE spec")
+                if self.option("block-n") not in (None, 64):
+                    raise PipelineError(f"tile{{block-n={self.option('block-n')}}}: the MoE GEMM "
+                                        "reads 64-column packed tiles (block-n=64)")
                 tile = {k: self.option(k.replace("_", "-"), v) for k, v in GEMM_TILE.items()}
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
@@ -185,6 +216,21 @@ class TilePass(Pass):
             s = spec.msd
             loop.attrs["tile"] = ascend_msd_tiling(s.m, s.n, s.k, spec.quant.group_size, s.steps,
                                                    cores)
+        elif spec.lowering == "dequant":
+            s = spec.msd
+            block = min(DENSE_MAX_BLOCK, align_up(s.m, 16))
+            warps = fit_warps(s.k, self.option("warps", 4))
+            tiles = -(-s.m // block) * -(-s.n // 64)
+            split = self.option("split-k", tuned.get("split_k") or dense_split_k(s.k, tiles, warps))
+            if (s.k // 16) % (split * warps):
+                raise PipelineError(f"tile{{split-k={split}}}: K = {s.k} does not split into "
+                                    f"{split} x {warps} warps of k16 steps")
+            loop.attrs["tile"] = {"block": block, "block_n": 64, "warps": warps,
+                                  "stages": gemm_stages(block, warps, self.option("stages", 8)),
+                                  "split_k": split}
         else:
-            loop.attrs["tile"] = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
-                                  for k, v in MSD_CUDA_TILE.items()}
+            tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
+                    for k, v in MSD_CUDA_TILE.items()}
+            loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
+                                  "x_stages": msd_x_stages(spec.msd.m, spec.quant.group_size),
+                                  "mma": tile["mma"]}

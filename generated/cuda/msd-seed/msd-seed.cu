@@ -6,10 +6,15 @@
 //
 // One CTA per 32 output columns, four warps in the roles of the schedule pass: warps 0 and 1
 // are the two vector units (unfold A: A_max and the int4 slices of each row; merge: int32 Y ->
-// fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k64 s4 x s4 -> s32). The units
-// meet through counting flags in shared memory, exactly where the schedule's action lists say;
-// A_max, the unfolded A and Y rotate over the slots the schedule derived. Each CTA unfolds the
-// (tiny) activations itself, so the schedule's all-core flags stay inside the CTA.
+// fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k64 s4 x s4 -> s32).
+// The units meet through the schedule's flags, exactly where its action lists say: each flag is
+// a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
+// waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
+// rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
+// stream the weights through a cp.async ring 8 groups deep, the vector warps their
+// activation rows through one 8 groups deep, and each lane loads the scale of its merge
+// column one group ahead. Each CTA unfolds the (tiny) activations itself, so the schedule's
+// all-core flags stay inside the CTA.
 #include "moegen_w4a16.cuh"
 
 namespace msd {
@@ -19,61 +24,84 @@ constexpr int BLOCK_N = 32;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 constexpr int WORDS = G / 8;                    // 8 int4 per 32-bit word along K
+constexpr int UNFOLD_STRIDE = WORDS + 4;        // words per unfolded row (padding: no bank conflicts)
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
-constexpr int UNITS = 3;                        // vec unit 0, vec unit 1, matrix unit
-constexpr int CUBE = 2;
+constexpr int WARP_N8 = BLOCK_N / 16;           // n8 tiles per matrix warp
+constexpr int VEC_THREADS = 64, CUBE_THREADS = 64;
+constexpr int PER = G / 32;                     // activations per lane and row in unfold
+constexpr int VEC_ROWS = (M + 1) / 2;           // rows of vector unit 0 (unit 1 has M / 2)
+constexpr int W_STAGES = 8, X_STAGES = 8;
+constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
+constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector unit
+constexpr int COLS_PER_UNIT = BLOCK_N / 2;      // merge: columns of one vector unit
+constexpr int ROW_STRIDE = 32 / COLS_PER_UNIT;  // merge: rows a warp covers at once
+constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
 __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
 __constant__ float DIVISORS[3] = {7.49f, 112.20020000000001f, 1680.7589960000003f };
 
-// flags of the schedule: index in the counter table, and who signals them
-constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;   // id 3, mode 0: vec -> vec
-constexpr int SYNC_AIV_ONLY_AMAX_FLAG = 1;   // id 6, mode 0: vec -> vec
-constexpr int SYNC_AIC_ONLY_AUNFOLD_FLAG = 2;   // id 7, mode 0: cube -> cube
-constexpr int SYNC_AIV_AIC_FLAG = 3;   // id 8, mode 2: vec -> cube
-constexpr int SYNC_AIC_AIV_FLAG = 4;   // id 9, mode 2: cube -> vec
+// flags of the schedule: index, mbarrier ring depth, and who signals them
+constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;   // id 3, mode 0: vec -> vec, depth 2
+constexpr int SYNC_AIV_ONLY_AMAX_FLAG = 1;   // id 6, mode 0: vec -> vec, depth 4
+constexpr int SYNC_AIC_ONLY_AUNFOLD_FLAG = 2;   // id 7, mode 0: cube -> cube, depth 3
+constexpr int SYNC_AIV_AIC_FLAG = 3;   // id 8, mode 2: vec -> cube, depth 2
+constexpr int SYNC_AIC_AIV_FLAG = 4;   // id 9, mode 2: cube -> vec, depth 2
 constexpr int FLAGS = 5;
+__constant__ int FLAG_DEPTH[FLAGS] = {2, 4, 3, 2, 2};
+__constant__ int FLAG_FIRST[FLAGS] = {0, 2, 6, 9, 11};
+constexpr int BARRIERS = 13;
 
 struct Shared {
-  unsigned* unfold;   // [slots][MT * 16][WORDS]
-  float* amax;        // [slots][M]
-  int* y;             // [slots][ROWS][BLOCK_N]
-  int* counters;      // [FLAGS][UNITS]: signals each unit has given
+  unsigned long long* bars;   // [BARRIERS]: each flag's ring of mbarriers
+  unsigned* unfold;           // [slots][MT * 16][UNFOLD_STRIDE]
+  int* y;                     // [slots][ROWS][BLOCK_N]
+  float* amax;                // [slots][M]
+  uint2* wring;               // [2 matrix warps][W_STAGES][W_STAGE_WORDS / 2]
+  half* xring;                // [2 vector units][X_STAGES][X_STAGE_HALVES]
 };
 
-__device__ __forceinline__ void unit_barrier(int unit) {
-  if (unit == CUBE) {
-    asm volatile("bar.sync 1, 64;\n" ::: "memory");
-  } else {
-    __syncwarp();
+// the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
+__device__ __forceinline__ void signal(const Shared& sh, int flag, int n) {
+  moegen::mbar_arrive(&sh.bars[FLAG_FIRST[flag] + n % FLAG_DEPTH[flag]]);
+}
+
+// the unit's n-th wait of a flag returns once every signalling thread has signalled n + 1 times
+__device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
+  const int depth = FLAG_DEPTH[flag];
+  moegen::mbar_wait(&sh.bars[FLAG_FIRST[flag] + n % depth], (n / depth) & 1);
+}
+
+// --- global loads, ahead of the stages -----------------------------------------------------------
+
+// vector unit: its rows' activations of group g into x stage g % X_STAGES (this lane's PER values
+// of each row, which only this lane reads back)
+__device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x, int unit, int g) {
+  const int lane = threadIdx.x & 31;
+  half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
+  if (g < GROUPS) {
+    for (int r = unit, j = 0; r < M; r += 2, ++j)
+      moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, x + (size_t)r * K + g * G + lane * PER);
   }
+  moegen::cp_async_commit();
 }
 
-__device__ __forceinline__ bool leader(int unit) {
-  return unit == CUBE ? threadIdx.x == 64 : (threadIdx.x & 31) == 0;
-}
-
-// signal: the unit's work so far is visible, then its counter for the flag goes up by one
-__device__ __forceinline__ void signal(const Shared& sh, int flag, int unit) {
-  unit_barrier(unit);
-  if (leader(unit)) {
-    __threadfence_block();
-    atomicAdd(&sh.counters[flag * UNITS + unit], 1);
-  }
-}
-
-// the k-th wait of a unit returns once every unit in the scope has signalled k times
-__device__ __forceinline__ void wait(const Shared& sh, int flag, int unit, int k, int first,
-                                     int count) {
-  if (leader(unit)) {
-    for (int u = first; u < first + count; ++u) {
-      volatile int* c = &sh.counters[flag * UNITS + u];
-      while (*c < k) {
+// matrix warp cw: its n8 tiles' weights of group g into w stage g % W_STAGES (only this lane
+// reads back what it copied); tiles past N read as zero
+__device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
+  const int lane = threadIdx.x & 31;
+  uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
+  if (g < GROUPS) {
+#pragma unroll
+    for (int j = 0; j < WARP_N8; ++j) {
+      const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
+#pragma unroll
+      for (int h = 0; h < KSTEPS; ++h) {
+        const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + g * KSTEPS + h) * 32 + lane;
+        moegen::cp_async_ca_zfill<8>(stage + (j * KSTEPS + h) * 32 + lane, src, n8 < N8 ? 8u : 0u);
       }
     }
-    __threadfence_block();
   }
-  unit_barrier(unit);
+  moegen::cp_async_commit();
 }
 
 // --- stages -----------------------------------------------------------------------------------
@@ -81,94 +109,97 @@ __device__ __forceinline__ void wait(const Shared& sh, int flag, int unit, int k
 // A_max and S int4 slices of this vector unit's rows (rows unit, unit + 2, ...) for group g
 __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict__ x, int unit,
                                        int g, int amax_slot, int unfold_slot) {
-  constexpr int PER = G / 32;                   // values per lane
   const int lane = threadIdx.x & 31;
-  for (int r = unit; r < M; r += 2) {
+  moegen::cp_async_wait<X_STAGES - 2>();        // group g's rows have landed
+  const half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
+  for (int r = unit, j = 0; r < M; r += 2, ++j) {
     float a[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) a[i] = __half2float(stage[j * G + lane * PER + i]);
     float local = 0.0f;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      a[j] = __half2float(x[(size_t)r * K + g * G + lane * PER + j]);
-      local = fmaxf(local, fabsf(a[j]));
-    }
+    for (int i = 0; i < PER; ++i) local = fmaxf(local, fabsf(a[i]));
     const float amax = moegen::warp_max(local);
     const float safe = amax > 0.0f ? amax : 1.0f;
     float t[PER];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) t[j] = a[j] / safe * FACTORS[0];
+    for (int i = 0; i < PER; ++i) t[i] = a[i] / safe * FACTORS[0];
 #pragma unroll
-    for (int i = 0; i < S; ++i) {
-      if (i > 0) {
+    for (int s = 0; s < S; ++s) {
+      if (s > 0) {
 #pragma unroll
-        for (int j = 0; j < PER; ++j) t[j] *= FACTORS[i];
+        for (int i = 0; i < PER; ++i) t[i] *= FACTORS[s];
       }
       unsigned bits = 0;
 #pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const float s = rintf(t[j]);            // round half to even, as numpy
-        t[j] -= s;
-        bits |= (static_cast<unsigned>(static_cast<int>(s)) & 0xFu) << (4 * j);
+      for (int i = 0; i < PER; ++i) {
+        const float v = rintf(t[i]);            // round half to even, as numpy
+        t[i] -= v;
+        bits |= (static_cast<unsigned>(static_cast<int>(v)) & 0xFu) << (4 * i);
       }
       // lanes with consecutive k pack into 32-bit words (8 nibbles)
       constexpr int LANES_PER_WORD = 8 / PER;
       unsigned word = bits;
 #pragma unroll
-      for (int j = 1; j < LANES_PER_WORD; ++j)
-        word |= __shfl_down_sync(0xffffffffu, bits, j) << (4 * PER * j);
+      for (int i = 1; i < LANES_PER_WORD; ++i)
+        word |= __shfl_down_sync(0xffffffffu, bits, i) << (4 * PER * i);
       if (lane % LANES_PER_WORD == 0)
-        sh.unfold[((size_t)unfold_slot * MT * 16 + i * M + r) * WORDS + lane / LANES_PER_WORD] = word;
+        sh.unfold[((size_t)unfold_slot * MT * 16 + s * M + r) * UNFOLD_STRIDE + lane / LANES_PER_WORD] = word;
     }
     if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
+  load_x(sh, x, unit, g + X_STAGES - 1);       // this lane has read its copies of stage g - 1
 }
 
 // int32 Y[y_slot] = unfolded A[unfold_slot] x W[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
-  const int cw = (threadIdx.x >> 5) - 2;        // matrix-unit warp 0 or 1: n8 tiles 2cw, 2cw + 1
-  uint2 b[2][KSTEPS];
+  const int cw = (threadIdx.x >> 5) - 2;        // matrix warp 0 or 1: n8 tiles cw * WARP_N8 + j
+  moegen::cp_async_wait<W_STAGES - 2>();        // group g's weights have landed
+  const uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
+  uint2 b[WARP_N8][KSTEPS];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int n8 = blockIdx.x * (BLOCK_N / 8) + 2 * cw + j;
+  for (int j = 0; j < WARP_N8; ++j)
 #pragma unroll
-    for (int h = 0; h < KSTEPS; ++h)
-      b[j][h] = n8 < N8 ? __ldg(w + ((size_t)n8 * (K / 64) + g * KSTEPS + h) * 32 + lane)
-                        : make_uint2(0u, 0u);
-  }
-  const unsigned* au = sh.unfold + (size_t)unfold_slot * MT * 16 * WORDS;
+    for (int h = 0; h < KSTEPS; ++h) b[j][h] = stage[(j * KSTEPS + h) * 32 + lane];
+  load_w(sh, w, cw, g + W_STAGES - 1);
+  const unsigned* au = sh.unfold + (size_t)unfold_slot * MT * 16 * UNFOLD_STRIDE;
   for (int mt = 0; mt < MT; ++mt) {
-    int c[2][4] = {};
+    int c[WARP_N8][4] = {};
 #pragma unroll
     for (int h = 0; h < KSTEPS; ++h) {
       const int r0 = mt * 16 + lane / 4, wi = h * 8 + lane % 4;
-      const unsigned a[4] = {au[r0 * WORDS + wi], au[(r0 + 8) * WORDS + wi],
-                             au[r0 * WORDS + wi + 4], au[(r0 + 8) * WORDS + wi + 4]};
+      const unsigned a[4] = {au[r0 * UNFOLD_STRIDE + wi], au[(r0 + 8) * UNFOLD_STRIDE + wi],
+                             au[r0 * UNFOLD_STRIDE + wi + 4], au[(r0 + 8) * UNFOLD_STRIDE + wi + 4]};
 #pragma unroll
-      for (int j = 0; j < 2; ++j) moegen::mma_s4_16864(c[j], a, b[j][h].x, b[j][h].y);
+      for (int j = 0; j < WARP_N8; ++j)
+        moegen::mma_s4_16864(c[j], a, b[j][h].x, b[j][h].y);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < WARP_N8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = mt * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-        const int col = (2 * cw + j) * 8 + 2 * (lane % 4) + (e & 1);
+        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4) + (e & 1);
         if (row < ROWS) sh.y[((size_t)y_slot * ROWS + row) * BLOCK_N + col] = c[j][e];
       }
   }
 }
 
-// acc += (sum_i Y_i / d_i) * A_max * scale for this vector unit's half of the columns
-template <int ROWS_PER_LANE>
+// acc += (sum_i Y_i / d_i) * A_max * scale for this vector unit's half of the columns; `scale_g`
+// holds this lane's scale of group g and is refilled with group g + 1's
 __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__ scale, int unit,
-                                      int g, int amax_slot, int y_slot, float (&acc)[ROWS_PER_LANE]) {
+                                      int g, int amax_slot, int y_slot, float& scale_g,
+                                      float (&acc)[ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
-  const int c = unit * (BLOCK_N / 2) + lane % (BLOCK_N / 2);
+  const int c = unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
   const int col = blockIdx.x * BLOCK_N + c;
-  const float s = col < N ? __half2float(scale[(size_t)g * N + col]) : 0.0f;
+  const float s = scale_g;
+  if (g + 1 < GROUPS) scale_g = col < N ? __half2float(scale[(size_t)(g + 1) * N + col]) : 0.0f;
 #pragma unroll
   for (int q = 0; q < ROWS_PER_LANE; ++q) {
-    const int r = lane / (BLOCK_N / 2) + q * (64 / BLOCK_N);
+    const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
     if (r < M) {
       float combined = 0.0f;
 #pragma unroll
@@ -183,119 +214,137 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
 
 // ---------------------------------------------------------------------------------------------
 // basic: the schedule pass's action lists (lag 0); slots A_max 1, unfolded A 1, Y 1
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
 msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1, SLOTS_Y = 1;
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
-  sh.unfold = reinterpret_cast<unsigned*>(smem);
-  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * WORDS);
+  sh.bars = reinterpret_cast<unsigned long long*>(smem);
+  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIERS);
+  sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
+  sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
+  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * BLOCK_N);
-  sh.counters = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  for (int i = threadIdx.x; i < FLAGS * UNITS; i += blockDim.x) sh.counters[i] = 0;
+  // rows past S * M of the last m16 tile are never written: they stay zero
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE; i += blockDim.x) sh.unfold[i] = 0;
+  if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
   __syncthreads();
   const int warp = threadIdx.x >> 5;
-  const int unit = warp < 2 ? warp : CUBE;
-  constexpr int ROWS_PER_LANE = (M + (64 / BLOCK_N) - 1) / (64 / BLOCK_N);
-  float acc[ROWS_PER_LANE];
-#pragma unroll
-  for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
-  int waits[FLAGS] = {0, 0, 0, 0, 0};
-  if (unit != CUBE) {
+  int sent[FLAGS] = {0, 0, 0, 0, 0};
+  int waited[FLAGS] = {0, 0, 0, 0, 0};
+  if (warp < 2) {
     // vector units
-    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit);
-    for (int step = 0; step < GROUPS + 0; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit, ++waits[SYNC_AIV_ONLY_AMAX_FLAG], 0, 2); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, unit); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, unit, ++waits[SYNC_AIV_ONLY_A_UNFOLD_FLAG], 0, 2); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, unit); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, unit, ++waits[SYNC_AIC_AIV_FLAG], 2, 1); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit); }
-    }
-    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit, ++waits[SYNC_AIV_ONLY_AMAX_FLAG], 0, 2);
+    const int unit = warp;
     const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * BLOCK_N + unit * (BLOCK_N / 2) + lane % (BLOCK_N / 2);
+    const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
+    float scale_g = col < N ? __half2float(scale[col]) : 0.0f;
+    float acc[ROWS_PER_LANE];
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
+    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
+    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    for (int step = 0; step < GROUPS + 0; ++step) {
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+    }
+    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    moegen::cp_async_wait<0>();
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / (BLOCK_N / 2) + q * (64 / BLOCK_N);
+      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
       if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
     }
   } else {
     // matrix unit
+    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
     for (int step = 0; step < GROUPS + 0; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, unit, ++waits[SYNC_AIV_AIC_FLAG], 0, 2); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
       if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit, ++waits[SYNC_AIC_ONLY_AUNFOLD_FLAG], 2, 1); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, unit); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
     }
+    moegen::cp_async_wait<0>();
   }
-  (void)waits;
+  (void)sent;
+  (void)waited;
 }
 
 // ---------------------------------------------------------------------------------------------
 // preload: the schedule pass's action lists (lag 1); slots A_max 2, unfolded A 3, Y 2
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
 msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3, SLOTS_Y = 2;
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
-  sh.unfold = reinterpret_cast<unsigned*>(smem);
-  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * WORDS);
+  sh.bars = reinterpret_cast<unsigned long long*>(smem);
+  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIERS);
+  sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
+  sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
+  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * BLOCK_N);
-  sh.counters = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  for (int i = threadIdx.x; i < FLAGS * UNITS; i += blockDim.x) sh.counters[i] = 0;
+  // rows past S * M of the last m16 tile are never written: they stay zero
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE; i += blockDim.x) sh.unfold[i] = 0;
+  if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
   __syncthreads();
   const int warp = threadIdx.x >> 5;
-  const int unit = warp < 2 ? warp : CUBE;
-  constexpr int ROWS_PER_LANE = (M + (64 / BLOCK_N) - 1) / (64 / BLOCK_N);
-  float acc[ROWS_PER_LANE];
-#pragma unroll
-  for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
-  int waits[FLAGS] = {0, 0, 0, 0, 0};
-  if (unit != CUBE) {
+  int sent[FLAGS] = {0, 0, 0, 0, 0};
+  int waited[FLAGS] = {0, 0, 0, 0, 0};
+  if (warp < 2) {
     // vector units
-    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit);
-    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit);
-    for (int step = 0; step < GROUPS + 1; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit, ++waits[SYNC_AIV_ONLY_AMAX_FLAG], 0, 2); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, unit); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, unit, ++waits[SYNC_AIV_ONLY_A_UNFOLD_FLAG], 0, 2); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, unit); }
-      if (moegen_runs(step, 1, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, unit, ++waits[SYNC_AIC_AIV_FLAG], 2, 1); }
-      if (moegen_runs(step, 1, GROUPS)) { const int it = step - 1; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
-      if (moegen_runs(step, 1, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit); }
-    }
-    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit, ++waits[SYNC_AIV_ONLY_AMAX_FLAG], 0, 2);
-    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, unit, ++waits[SYNC_AIV_ONLY_AMAX_FLAG], 0, 2);
+    const int unit = warp;
     const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * BLOCK_N + unit * (BLOCK_N / 2) + lane % (BLOCK_N / 2);
+    const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
+    float scale_g = col < N ? __half2float(scale[col]) : 0.0f;
+    float acc[ROWS_PER_LANE];
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
+    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
+    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    for (int step = 0; step < GROUPS + 1; ++step) {
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 1, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 1, GROUPS)) { const int it = step - 1; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 1, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+    }
+    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
+    moegen::cp_async_wait<0>();
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / (BLOCK_N / 2) + q * (64 / BLOCK_N);
+      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
       if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
     }
   } else {
     // matrix unit
-    signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit);
+    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
+    signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     for (int step = 0; step < GROUPS + 1; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, unit, ++waits[SYNC_AIV_AIC_FLAG], 0, 2); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
       if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit, ++waits[SYNC_AIC_ONLY_AUNFOLD_FLAG], 2, 1); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, unit); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit); }
+      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
     }
-    wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, unit, ++waits[SYNC_AIC_ONLY_AUNFOLD_FLAG], 2, 1);
+    wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
+    moegen::cp_async_wait<0>();
   }
-  (void)waits;
+  (void)sent;
+  (void)waited;
 }
 

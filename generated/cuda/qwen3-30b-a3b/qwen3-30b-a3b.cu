@@ -11,9 +11,6 @@
 // warp every B fragment of a 16 x 64 tile of mma.sync m16n8k16.
 #include "moegen_w4a16.cuh"
 
-using moegen::dequant8;
-using moegen::mma_16816;
-
 constexpr int E = 128;
 constexpr int TOPK = 8;
 
@@ -169,196 +166,13 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 }
 
 // ---------------------------------------------------------------------------------------------
-// Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
-// K ranges; its WARPS warps split that range. Each warp streams its k16 steps through its own
-// ring of STAGES shared-memory stages filled by cp.async (weights, the group's scales and the
-// block's activation rows), STAGES - 1 steps ahead of the tensor cores, so a warp keeps several
-// KB in flight without holding them in registers. Partial sums meet in shared memory in warp
-// order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them in split
-// order: deterministic. DENSE: rows are the activation rows themselves (one expert, no routing).
-template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
-          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
-__device__ __forceinline__ void grouped_gemm(
-    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, float* __restrict__ partials, int* __restrict__ counters) {
-  constexpr int MT = (BLOCK + 15) / 16;          // m16 tiles per block
-  constexpr int KSTEPS = KDIM / 16;
-  constexpr int CTA_STEPS = KSTEPS / SPLIT;
-  constexpr int WARP_STEPS = CTA_STEPS / WARPS;
-  static_assert(KSTEPS % (SPLIT * WARPS) == 0, "K must split evenly over CTAs and warps");
-  static_assert(STAGES >= 2, "the copy ring needs two stages");
-  constexpr int ROWS = MT * 16;
-  // one ring stage: weights (32 lanes x 16 B), the 64 columns' scales (8 x 16 B), then the
-  // activation rows, 32 bytes of k each, padded to 48 so fragment reads hit 32 distinct banks
-  constexpr int W_BYTES = 512, S_BYTES = 128, A_ROW = 48;
-  constexpr int STAGE_BYTES = W_BYTES + S_BYTES + ROWS * A_ROW;
-  constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
-  constexpr int RED_BYTES = ROWS * 64 * 4;
-  __shared__ __align__(16) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
-  __shared__ int last_cta;
-  float(*red)[64] = reinterpret_cast<float(*)[64]>(smem);   // after the K loop
-
-  // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
-  // close together and the tile comes from DRAM once, from L2 after
-  const int blk = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
-  if (!DENSE && blk * BLOCK >= *total_ptr) return;          // grid is sized for the worst case
-  const int expert = DENSE ? 0 : expert_ids[blk];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto slot_of = [&](int r) {          // the slot of block row r, num_slots for padding
-    if (DENSE) return blk * BLOCK + r < num_slots ? blk * BLOCK + r : num_slots;
-    return r < BLOCK ? sorted_ids[blk * BLOCK + r] : num_slots;
-  };
-
-  // the activation rows this lane copies: 16-byte chunk q * 32 + lane = row q * 16 + lane / 2,
-  // half lane % 2 of the row's 32 bytes of each k16 step
-  const half* copy_row[MT];
-#pragma unroll
-  for (int q = 0; q < MT; ++q) {
-    const int slot = slot_of(q * 16 + lane / 2);
-    copy_row[q] = slot < num_slots ? a + (size_t)(slot / ROW_DIV) * KDIM + 8 * (lane % 2) : nullptr;
-  }
-
-  float acc[MT][8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][j][c] = 0.0f;
-
-  const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
-  const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
-  const uint4* sp = scales + ((size_t)expert * (KDIM / G) * NTILES + tile) * 8 + lane;
-  unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
-  auto issue = [&](int i) {            // copy step i of this warp into its stage
-    unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
-    const int step = step0 + i;
-    moegen::cp_async16(st + lane * 16, wp + (size_t)step * NTILES * 32);
-    if (lane < 8) moegen::cp_async16(st + W_BYTES + lane * 16, sp + (size_t)(step * 16 / G) * NTILES * 8);
-#pragma unroll
-    for (int q = 0; q < MT; ++q) {
-      unsigned char* dst = st + W_BYTES + S_BYTES + (q * 16 + lane / 2) * A_ROW + 16 * (lane % 2);
-      if (copy_row[q]) moegen::cp_async16(dst, copy_row[q] + step * 16);
-      else moegen::cp_async16_zfill(dst, a, 0u);            // padding row: zeros
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < WARP_STEPS) issue(s);
-    moegen::cp_async_commit();
-  }
-
-  const int kq = 2 * (lane % 4);
-  for (int i = 0; i < WARP_STEPS; ++i) {
-    moegen::cp_async_wait<STAGES - 2>();   // step i has landed (for this lane's copies) ...
-    __syncwarp();                          // ... and for the whole warp's
-    const unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
-    const uint4 wv = *reinterpret_cast<const uint4*>(st + lane * 16);
-    const uint4 scale8 = *reinterpret_cast<const uint4*>(st + W_BYTES + (lane / 4) * 16);
-    unsigned afr[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const unsigned char* r0 = st + W_BYTES + S_BYTES + (mt * 16 + lane / 4) * A_ROW + 2 * kq;
-      afr[mt][0] = *reinterpret_cast<const unsigned*>(r0);
-      afr[mt][1] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW);
-      afr[mt][2] = *reinterpret_cast<const unsigned*>(r0 + 16);
-      afr[mt][3] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW + 16);
-    }
-    __syncwarp();                          // every lane has read the stage refilled next
-    if (i + STAGES - 1 < WARP_STEPS) issue(i + STAGES - 1);
-    moegen::cp_async_commit();
-    const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
-    const half2* sc = reinterpret_cast<const half2*>(&scale8);   // scales of n8 tiles 0..7
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {          // word q: n8 tiles 2q and 2q + 1
-      half2 b[4];
-      dequant8(words[q], b);
-      const half2 scale0 = __half2half2(sc[q].x), scale1 = __half2half2(sc[q].y);
-      b[0] = __hmul2(b[0], scale0);
-      b[1] = __hmul2(b[1], scale0);
-      b[2] = __hmul2(b[2], scale1);
-      b[3] = __hmul2(b[3], scale1);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816(acc[mt][2 * q], afr[mt], *reinterpret_cast<unsigned*>(&b[0]),
-                  *reinterpret_cast<unsigned*>(&b[1]));
-        mma_16816(acc[mt][2 * q + 1], afr[mt], *reinterpret_cast<unsigned*>(&b[2]),
-                  *reinterpret_cast<unsigned*>(&b[3]));
-      }
-    }
-  }
-  moegen::cp_async_wait<0>();
-  __syncthreads();                         // the rings are free: red reuses their memory
-
-  // warps add their partial sums into shared memory, in warp order
-  for (int wi = 0; wi < WARPS; ++wi) {
-    if (warp == wi) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int r = mt * 16 + lane / 4 + (c >= 2 ? 8 : 0);
-            const int col = j * 8 + kq + (c & 1);
-            red[r][col] = wi == 0 ? acc[mt][j][c] : red[r][col] + acc[mt][j][c];
-          }
-    }
-    __syncthreads();
-  }
-
-  if constexpr (SPLIT > 1) {
-    const int tile_id = blk * NTILES + tile;
-    float* mine = partials + ((size_t)tile_id * SPLIT + split) * ROWS * 64;
-    for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) mine[x] = red[x / 64][x % 64];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int done = atomicAdd(&counters[tile_id], 1);
-      last_cta = done == SPLIT - 1;
-      if (last_cta) counters[tile_id] = 0;      // ready for the next call
-    }
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
-    const float* all = partials + (size_t)tile_id * SPLIT * ROWS * 64;
-    for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int sp_i = 0; sp_i < SPLIT; ++sp_i) sum += __ldcg(all + (size_t)sp_i * ROWS * 64 + x);
-      red[x / 64][x % 64] = sum;
-    }
-    __syncthreads();
-  }
-
-  // epilogue: rows go back to their slot; padding rows write nothing
-  constexpr int COLS = EPILOGUE == 1 ? 32 : 64;
-  for (int x = threadIdx.x; x < BLOCK * COLS; x += WARPS * 32) {
-    const int r = x / COLS, c = x % COLS;
-    const int slot = slot_of(r);
-    if (slot >= num_slots) continue;
-    if constexpr (EPILOGUE == 1) {      // SwiGLU: columns 0..31 gate, 32..63 up
-      const float v = moegen::silu(red[r][c]) * red[r][c + 32];
-      out[(size_t)slot * NOUT + tile * 32 + c] = __float2half_rn(v);
-    } else {
-      const int col = PERM_GATE_UP ? (c < 32 ? tile * 32 + c : NOUT / 2 + tile * 32 + c - 32)
-                                   : tile * 64 + c;
-      if (col >= NOUT) continue;
-      float v = red[r][c];
-      if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + r];
-      out[(size_t)slot * NOUT + col] = __float2half_rn(v);
-    }
-  }
-}
-
+// Grouped W4A16 GEMMs (the mainloop is moegen::grouped_gemm in moegen_w4a16.cuh)
 // gate_up: K = 2048, 24 tiles of 64 columns, block 8, split-K 1, 8 ring stages
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  grouped_gemm<8, 1, 2048, 24, 768, 128, 4, 8, 8, 1, true, false, false>(
+  moegen::grouped_gemm<8, 1, 2048, 24, 768, 128, 4, 8, 8, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -367,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  grouped_gemm<32, 1, 2048, 24, 768, 128, 4, 5, 8, 1, true, false, false>(
+  moegen::grouped_gemm<32, 1, 2048, 24, 768, 128, 4, 5, 8, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -376,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  grouped_gemm<8, 1, 768, 32, 2048, 128, 4, 8, 1, 0, false, true, false>(
+  moegen::grouped_gemm<8, 1, 768, 32, 2048, 128, 4, 8, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -385,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  grouped_gemm<32, 1, 768, 32, 2048, 128, 4, 5, 1, 0, false, true, false>(
+  moegen::grouped_gemm<32, 1, 768, 32, 2048, 128, 4, 5, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 
 import numpy as np
 
-from ...spec import load_spec
+from ...spec import SpecError, load_spec
 from .runtime import MoeW4A16, _cupy
 
 FLUSH_BYTES = 256 << 20
@@ -217,58 +218,102 @@ def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
     return err
 
 
-def bench_msd(spec, json_path: str | None = None, reps: int = 30, log=print) -> dict:
-    """basic and preload against the int4 floor and fp16 cuBLAS (PyTorch), same process."""
+S8_PIPELINE = "tile{mma=s8},schedule,alloc"
+
+
+def msd_variants(spec) -> dict:
+    """What `moegen bench` and `moegen run` compare for an MSD spec: name -> (spec, pipeline,
+    schedule). The dequant lowering is left out (with the reason) where its shape rule fails."""
+    from .msd_emitter import check_shape
+    msd = replace(spec, lowering="msd")
+    out = {"basic": (msd, None, "basic"), "preload": (msd, None, "preload"),
+           "preload_s8": (msd, S8_PIPELINE, "preload")}
+    dq = replace(spec, lowering="dequant")
+    try:
+        check_shape(dq)
+        out["dequant"] = (dq, None, "dequant")
+    except SpecError as exc:
+        out["dequant"] = str(exc)
+    return out
+
+
+def _msd_ops(spec, log) -> dict:
     from .runtime import MsdMatmul
+    ops, built = {}, {}
+    for name, v in msd_variants(spec).items():
+        if isinstance(v, str):
+            log(f"(no {name}: {v})")
+            continue
+        sp, pipeline, schedule = v
+        key = (sp.lowering, pipeline)
+        if key not in built:
+            built[key] = MsdMatmul(sp, pipeline=pipeline)
+        ops[name] = (built[key], schedule)
+    return ops
+
+
+def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int] | None = None,
+              log=print) -> list[dict]:
+    """Per M in `rows` (default: the spec's): basic, preload (s4 and s8 MMA) and the dequant
+    lowering against the int4 floor and fp16 cuBLAS (PyTorch), in one process on the same
+    inputs."""
     cp = _cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
-    op = MsdMatmul(spec)
+    bw = copy_bandwidth(cp)
     rng = np.random.default_rng(0)
     w = rng.integers(-7, 8, (s.k, s.n), dtype=np.int8)
-    packed = op.pack(w)
     scale = cp.asarray(rng.uniform(-3, 3, (s.k // g, s.n)).astype(np.float16))
-    x = cp.asarray(rng.uniform(-3, 3, (s.m, s.k)).astype(np.float16))
-    bw = copy_bandwidth(cp)
     floor_us = (s.k * s.n / 2 + scale.nbytes) / bw * 1e6
-    row = {"m": s.m, "n": s.n, "k": s.k, "floor_us": floor_us}
-    for mode in ("basic", "preload"):
-        row[f"{mode}_us"] = time_call(cp, lambda: op(x, packed, scale, schedule=mode), reps)
-    try:
-        import torch
-        wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
-        xt = torch.from_dlpack(x)
-        row["cublas_fp16_us"] = torch_time(torch, lambda: torch.matmul(xt, wt), reps)
-    except Exception as exc:
-        log(f"(no PyTorch baseline: {exc})")
-    log(f"{spec.name} M={s.m} N={s.n} K={s.k}: floor {floor_us:.1f} us, basic "
-        f"{row['basic_us']:.1f} us, preload {row['preload_us']:.1f} us "
-        f"({100 * floor_us / row['preload_us']:.0f}% of floor), fp16 cuBLAS "
-        f"{row.get('cublas_fp16_us', float('nan')):.1f} us")
+    results = []
+    for m in rows or [s.m]:
+        sp = replace(spec, msd=replace(s, m=m))
+        ops = _msd_ops(sp, log)
+        x = cp.asarray(rng.uniform(-3, 3, (m, s.k)).astype(np.float16))
+        row = {"m": m, "n": s.n, "k": s.k, "floor_us": floor_us, "copy_gbps": bw / 1e9}
+        packed = {}
+        for name, (op, schedule) in ops.items():
+            if id(op) not in packed:
+                packed[id(op)] = op.pack(w)
+            pw = packed[id(op)]
+            row[f"{name}_us"] = time_call(cp, lambda: op(x, pw, scale, schedule=schedule), reps)
+        try:
+            import torch
+            wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
+            xt = torch.from_dlpack(x)
+            row["cublas_fp16_us"] = torch_time(torch, lambda: torch.matmul(xt, wt), reps)
+        except Exception as exc:
+            log(f"(no PyTorch baseline: {exc})")
+        parts = ", ".join(f"{name} {row[name + '_us']:.1f} us" for name in ops)
+        log(f"{spec.name} M={m} N={s.n} K={s.k}: floor {floor_us:.1f} us, {parts} (preload "
+            f"{100 * floor_us / row['preload_us']:.0f}% of floor), fp16 cuBLAS "
+            f"{row.get('cublas_fp16_us', float('nan')):.1f} us")
+        results.append(row)
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(row, f, indent=2)
-    return row
+            json.dump(results, f, indent=2)
+    return results
 
 
 def run_msd(spec, seed: int | None = None, log=print) -> float:
-    """Both templates on random data (as the sample's generator draws) against the reference."""
+    """Every variant on random data (drawn as the sample's generator draws) against its
+    reference: `reference.msd_matmul` for MSD, `reference.dequant_matmul` for dequant."""
     from ... import reference
-    from .runtime import MsdMatmul
     cp = _cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
     rng = np.random.default_rng(seed)
-    op = MsdMatmul(spec)
     x = rng.uniform(-3, 3, (s.m, s.k)).astype(np.float16)
-    w = rng.integers(-7, 8, (s.k, s.n), dtype=np.int8)
+    w = rng.integers(-6, 7, (s.k, s.n), dtype=np.int8)
     scale = rng.uniform(-3, 3, (s.k // g, s.n)).astype(np.float16)
-    packed = op.pack(w)
-    want = reference.msd_matmul(x, w, scale, g, s.steps, accumulate=np.float64)
+    wants = {"msd": reference.msd_matmul(x, w, scale, g, s.steps, accumulate=np.float64),
+             "dequant": reference.dequant_matmul(x, w, scale, g)}
     worst = 0.0
-    for mode in ("basic", "preload"):
-        y = cp.asnumpy(op(cp.asarray(x), packed, cp.asarray(scale), schedule=mode))
+    for name, (op, schedule) in _msd_ops(spec, log).items():
+        want = wants[op.spec.lowering]
+        y = cp.asnumpy(op(cp.asarray(x), op.pack(w), cp.asarray(scale), schedule=schedule))
         err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
         worst = max(worst, err if not np.isnan(y).any() else float("inf"))
-        log(f"{spec.name} {mode}: relative error {err:.2e} against moegen.reference.msd_matmul")
+        log(f"{spec.name} {name}: relative error {err:.2e} against moegen.reference."
+            f"{'msd_matmul' if op.spec.lowering == 'msd' else 'dequant_matmul'}")
     return worst

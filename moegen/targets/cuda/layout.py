@@ -74,6 +74,15 @@ def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
     return q.astype(np.int8), s.astype(np.float16)
 
 
+def pack_dense_weights(q: np.ndarray) -> np.ndarray:
+    """int4 q [K, N] -> the words of `pack_weights` for one expert, [K/16, N/64 (padded), 32, 4]:
+    the B operand of the dequant lowering of the MSD matmul (its scales stay [K/G, N])."""
+    q = np.asarray(q)
+    k, n = q.shape
+    words, _ = pack_weights(q[None], np.zeros((1, 1, n), np.float16), k)   # scales unused
+    return words[0]
+
+
 def pack_msd_weights(q: np.ndarray) -> np.ndarray:
     """int4 q [K, N] -> uint32 [N/8 (padded), K/64, 32 lanes, 2]: the B fragments of
     mma.sync m16n8k64 s4: lane l's word j holds k = 64 s + 32 j + 8 (l % 4) + i (nibble i) of

@@ -1,9 +1,11 @@
-"""Lowered MSD module -> CUDA source with one kernel per schedule (basic, preload).
+"""Lowered MSD module -> CUDA source.
 
-The kernel body of each schedule is its action lists rendered as they are: flags become counting
-flags in shared memory (scoped to the CTA, whose two vector warps and two MMA warps play the
-units of one core), stages become calls with their iteration offset, rotating buffers take the
-derived slot counts.
+`lowering: msd`: one kernel per schedule (basic, preload). The kernel body of each schedule is its
+action lists rendered as they are: each flag becomes a ring of mbarriers in shared memory (scoped
+to the CTA, whose two vector warps and two MMA warps play the units of one core), stages become
+calls with their iteration offset, rotating buffers take the derived slot counts.
+`lowering: dequant`: the MoE layer's W4A16 GEMM (int4 -> fp16 in registers, fp16 MMA) on the
+dense matrix, for comparison on the same GPU.
 """
 from __future__ import annotations
 
@@ -17,13 +19,12 @@ from ...spec import Spec, SpecError
 from ..header import file_header
 from .emitter import HEADER_FILE, CudaProgram
 
-BLOCK_N = 32
+THREADS = 128
 STAGE_CALL = {
     "unfold": "unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);",
     "matmul": "matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);",
-    "merge": "merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);",
+    "merge": "merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc);",
 }
-SCOPE = {VEC: "0, 2", CUBE: "2, 1"}     # (first unit, count) of the units that signal a flag
 
 
 def statement(sched: Schedule, a: Action) -> str:
@@ -31,8 +32,8 @@ def statement(sched: Schedule, a: Action) -> str:
         return f"const int it = step - {a.offset}; {STAGE_CALL[a.stage]}"
     f = sched.flags[a.flag]
     if a.op == "signal":
-        return f"signal(sh, {f.name}, unit);"
-    return f"wait(sh, {f.name}, unit, ++waits[{f.name}], {SCOPE[f.setter]});"
+        return f"signal(sh, {f.name}, sent[{f.name}]++);"
+    return f"wait(sh, {f.name}, waited[{f.name}]++);"
 
 
 def _program(sched: Schedule, kind: str) -> dict:
@@ -42,40 +43,83 @@ def _program(sched: Schedule, kind: str) -> dict:
             "drain": [statement(sched, a) for a in p.drain]}
 
 
-def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
-    s = spec.msd
-    g = spec.quant.group_size
-    if g % 64:
-        raise SpecError(f"quant.group_size: {g} is not served by the CUDA MSD kernel (int4 MMA "
-                         "steps are 64 deep: use 64 or 128)")
-    if spec.lowering != "msd":
-        raise SpecError(f"lowering: {spec.lowering!r} is not implemented on CUDA yet (msd is)")
+def flag_depths(schedules: list[Schedule]) -> dict[int, int]:
+    """mbarriers per flag: the signals a unit gives before its first wait, plus two.
+
+    A unit's k-th wait watches barrier k mod depth for its phase k / depth; that is unambiguous
+    while no signaller runs `depth` signals ahead of a waiter. In these schedules a signaller runs
+    ahead by its initial signals plus at most one more step (each step signals a flag once and
+    every unit meets the others once per step); tests check the bound by random interleavings."""
+    depth: dict[int, int] = {}
+    for sched in schedules:
+        for fid in sched.flags:
+            early = max(sum(1 for a in p.init if a.op == "signal" and a.flag == fid)
+                        for p in sched.programs.values())
+            depth[fid] = max(depth.get(fid, 0), early + 2)
+    return depth
+
+
+def check_shape(spec: Spec) -> None:
+    s, g = spec.msd, spec.quant.group_size
     if not 1 <= s.m <= 64:
-        raise SpecError(f"msd.m: {s.m} must be in 1..64 for the CUDA MSD kernel")
+        raise SpecError(f"msd.m: {s.m} must be in 1..64 for the CUDA MSD kernels")
+    if spec.lowering == "msd" and g % 64:
+        raise SpecError(f"quant.group_size: {g} is not served by the CUDA MSD kernel (int4 MMA "
+                        "steps are 64 deep: use 64 or 128)")
+    if spec.lowering == "dequant" and (g % 16 or s.n % 8):
+        raise SpecError(f"msd.n: {s.n} (group {g}): the dequant lowering reads the scales 8 "
+                        "columns at a time and K 16 at a time: n must be a multiple of 8 and "
+                        "the group of 16")
+
+
+def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
+    check_shape(spec)
     loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    tile = loop.attrs["tile"]
+    arch = arch or (spec.targets.cuda.arch if spec.targets.cuda else "sm_90")
+    header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
+    if spec.lowering == "dequant":
+        source, plan = _dequant(spec, tile, pipeline, arch)
+    else:
+        source, plan = _msd(spec, loop, tile, pipeline, arch)
+    return CudaProgram(source=source, header=header, plan=plan, ir=str(module))
+
+
+def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, dict]:
+    s, g = spec.msd, spec.quant.group_size
     schedules = [derived_schedule(loop, mode) for mode in MODES]
-    flags = sorted(schedules[0].flags.values(), key=lambda f: f.id)
+    depth = flag_depths(schedules)
+    flags, first = [], 0
+    for f in sorted(schedules[0].flags.values(), key=lambda f: f.id):
+        flags.append({"name": f.name, "id": f.id, "mode": f.mode, "setter": f.setter,
+                      "waiter": f.waiter, "depth": depth[f.id], "first": first})
+        first += depth[f.id]
     factors = DEFAULT_FACTORS[:s.steps]
+    block_n = tile["block_n"]
     source = render(
         "cuda/msd_matmul.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n, K=s.k, G=g,
-        S=s.steps, BLOCK_N=BLOCK_N, factors=factors,
+        S=s.steps, BLOCK_N=block_n, W_STAGES=tile["w_stages"], X_STAGES=tile["x_stages"],
+        MMA=tile["mma"], factors=factors,
         divisors=[repr(float(d)) for d in merge_divisors(factors, s.steps)], flags=flags,
+        barriers=first,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
     rows = s.steps * s.m
     mt = -(-rows // 16)
+    fixed = (8 * first + 2 * tile["w_stages"] * (block_n // 16) * (g // 64) * 32 * 8
+             + 2 * tile["x_stages"] * -(-s.m // 2) * g * 2)
 
     def smem(x: Schedule) -> int:
         sl = x.slots
-        return 4 * (sl["a_unfold"] * mt * 16 * (g // 8) + sl["y_int"] * rows * BLOCK_N
-                    + sl["a_max"] * s.m + len(flags) * 3)
+        return fixed + 4 * (sl["a_unfold"] * mt * 16 * (g // 8 + 4) + sl["y_int"] * rows * block_n
+                            + sl["a_max"] * s.m)
 
     plan = {
-        "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline,
-        "arch": arch or (spec.targets.cuda.arch if spec.targets.cuda else "sm_90"),
-        "default": spec.schedule,
-        "kernels": [{"name": f"msd_matmul_{x.mode}", "grid": [-(-s.n // BLOCK_N), 1, 1],
-                     "block": 128, "shared_bytes": smem(x), "slots": x.slots,
+        "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline, "arch": arch,
+        "lowering": "msd", "default": spec.schedule, "tile": tile,
+        "kernels": [{"name": f"msd_matmul_{x.mode}", "grid": [-(-s.n // block_n), 1, 1],
+                     "block": THREADS, "shared_bytes": smem(x), "slots": x.slots,
+                     "flag_depths": {f["name"]: f["depth"] for f in flags},
                      "actions": {kind: {"init": [str(a) for a in p.init],
                                         "step": [[a.offset, str(a)] for a in p.step],
                                         "drain": [str(a) for a in p.drain]}
@@ -83,5 +127,24 @@ def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                     for x in schedules],
         "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (mma.sync m16n8k64 s4 B)"},
     }
-    header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
-    return CudaProgram(source=source, header=header, plan=plan, ir=str(module))
+    return source, plan
+
+
+def _dequant(spec: Spec, tile: dict, pipeline: str, arch: str) -> tuple[str, dict]:
+    s, g = spec.msd, spec.quant.group_size
+    block, split = tile["block"], tile["split_k"]
+    ntiles = -(-s.n // 64)
+    blocks = -(-s.m // block)
+    source = render("cuda/msd_dequant.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n,
+                    K=s.k, G=g, NTILES=ntiles, tile=tile)
+    rows = -(-block // 16) * 16
+    plan = {
+        "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline, "arch": arch,
+        "lowering": "dequant", "default": "dequant", "tile": tile,
+        "kernels": [{"name": "msd_matmul_dequant", "grid": [blocks, ntiles, split],
+                     "block": 32 * tile["warps"], "shared_bytes": 0}],
+        "workspace": {"partials_floats": blocks * ntiles * split * rows * 64 if split > 1 else 0,
+                      "counters": blocks * ntiles if split > 1 else 0},
+        "weights": {"layout": "uint32 [K/16, ceil(N/64), 32, 4] (the MoE GEMM's, one expert)"},
+    }
+    return source, plan

@@ -6,8 +6,8 @@ import re
 from ...passes.schedule import CUBE, FLAGS, VEC, Action, Program
 
 _KERNEL = re.compile(r"msd_matmul_(\w+)\(const half\* __restrict__ x")
-_SIGNAL = re.compile(r"\bsignal\(sh, (\w+), unit\)")
-_WAIT = re.compile(r"\bwait\(sh, (\w+), unit,")
+_SIGNAL = re.compile(r"\bsignal\(sh, (\w+), sent\[\1\]\+\+\)")
+_WAIT = re.compile(r"\bwait\(sh, (\w+), waited\[\1\]\+\+\)")
 _STAGE = re.compile(r"\b(unfold|matmul|merge)\(sh,")
 _RUNS = re.compile(r"moegen_runs\(step, (\d+), GROUPS\)")
 IDS = {f.name: f.id for f in FLAGS.values()}
@@ -24,7 +24,7 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
             continue
         if mode is None:
             continue
-        if line.startswith("if (unit != CUBE) {"):
+        if line.startswith("if (warp < 2) {"):
             prog, section = Program(VEC), "init"
             out[mode][VEC] = prog
         elif line.startswith("} else {") and prog is not None and prog.kind == VEC:
@@ -42,6 +42,6 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
                 getattr(prog, section).append(Action("wait", IDS[m.group(1)], offset=off))
             elif (m := _STAGE.search(line)) and "__device__" not in line:
                 getattr(prog, section).append(Action("stage", stage=m.group(1), offset=off))
-        if line.startswith("(void)waits;"):
+        if line.startswith("(void)waited;"):
             mode, prog, section = None, None, None
     return out

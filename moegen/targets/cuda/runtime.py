@@ -282,17 +282,19 @@ class MsdMatmul:
 
     x fp16 [M, K], packed_w from `pack` (int4 values [K, N] in the kernel's layout), scale fp16
     [K/G, N]; returns fp16 [M, N] (a view of the layer's output buffer unless `out=` is given).
-    `schedule=` runs the other template ("basic" or "preload"; default: the spec's).
+    With `lowering: msd` both schedules are compiled and `schedule=` runs the other one ("basic"
+    or "preload"; default: the spec's); with `lowering: dequant` the one kernel is the
+    dequantizing W4A16 GEMM. The split-K workspace is allocated here, once.
     """
 
-    def __init__(self, spec, arch: str | None = None):
+    def __init__(self, spec, arch: str | None = None, pipeline: str | None = None):
         from .msd_emitter import emit_msd
         cp = _cupy()
         self.spec = load_spec(spec)
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
                              f"{self.spec.pipeline}")
-        module, _, pm = lower(self.spec, "cuda")
+        module, _, pm = lower(self.spec, "cuda", pipeline)
         self.arch = arch or device_arch()
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
@@ -305,26 +307,42 @@ class MsdMatmul:
             self.kernels[k["name"].rsplit("_", 1)[1]] = (fn, k)
         s = self.spec.msd
         self.out = cp.empty((s.m, s.n), dtype=cp.float16)
+        ws = self.plan.get("workspace", {})
+        self.partials = cp.empty(max(1, ws.get("partials_floats", 0)), dtype=cp.float32)
+        self.counters = cp.zeros(max(1, ws.get("counters", 0)), dtype=cp.int32)
+
+    @property
+    def schedules(self) -> list[str]:
+        """What `schedule=` accepts: basic and preload, or dequant."""
+        return list(self.kernels)
 
     def pack(self, w_q):
         """int4 values int8 [K, N] (numpy or device) -> the kernel's layout on the GPU."""
-        from .layout import pack_msd_weights
+        from .layout import pack_dense_weights, pack_msd_weights
         cp = _cupy()
         s = self.spec.msd
         host = cp.asnumpy(w_q) if isinstance(w_q, cp.ndarray) else np.asarray(w_q)
         if host.shape != (s.k, s.n):
             raise ValueError(f"w_q: shape {host.shape}, expected {(s.k, s.n)}")
+        if self.spec.lowering == "dequant":
+            return cp.asarray(pack_dense_weights(host))
         return cp.asarray(pack_msd_weights(host))
 
     def __call__(self, x, packed_w, scale, out=None, schedule: str | None = None):
         cp = _cupy()
         s, g = self.spec.msd, self.spec.quant.group_size
-        fn, k = self.kernels[schedule or self.spec.schedule]
+        which = schedule or self.plan["default"]
+        if which not in self.kernels:
+            raise ValueError(f"schedule: {which!r} is not compiled for lowering "
+                             f"{self.spec.lowering!r} (choose from {', '.join(self.kernels)})")
+        fn, k = self.kernels[which]
         stream = _stream_for(cp, x, scale, out)
         xa = as_device(cp, x, "x", np.float16, (s.m, s.k))
         sa = as_device(cp, scale, "scale", np.float16, (s.k // g, s.n))
         y = self.out if out is None else as_device(cp, out, "out", np.float16, (s.m, s.n))
+        args = (xa, packed_w, sa, y)
+        if which == "dequant":
+            args += (self.partials, self.counters)
         with stream:
-            fn(tuple(k["grid"]), (k["block"],), (xa, packed_w, sa, y),
-               shared_mem=k["shared_bytes"])
+            fn(tuple(k["grid"]), (k["block"],), args, shared_mem=k["shared_bytes"])
         return _result(x, y, out)
