@@ -67,7 +67,8 @@ def test_against_reference_and_basic_equals_preload(rng, m, n, k, steps):
     check_msd(rng, spec_for(m, n, k, steps))
 
 
-@pytest.mark.parametrize("pipeline", ["tile{mma=s8},schedule,alloc", "tile{block-n=64},schedule,alloc",
+@pytest.mark.parametrize("pipeline", ["tile{mma=s4},schedule,alloc", "tile{block-n=64},schedule,alloc",
+                                      "tile{split-k=1},schedule,alloc",
                                       "tile{stages=2},schedule,alloc"])
 def test_tile_variants(rng, pipeline):
     check_msd(rng, spec_for(5, 1000, 1024, 3), pipeline)
@@ -82,7 +83,7 @@ def test_s4_and_s8_mma_agree_bitwise(rng):
     spec = spec_for(5, 4096, 4096, 3)
     x, w, s = draws(rng, 5, 4096, 4096, 128, True)
     ys = []
-    for pipeline in (None, "tile{mma=s8},schedule,alloc"):
+    for pipeline in ("tile{mma=s4},schedule,alloc", "tile{mma=s8},schedule,alloc"):
         op = moegen.cuda.MsdMatmul(spec, pipeline=pipeline)
         ys.append(run(op, x, op.pack(w), s, "preload").view(np.uint16))
     assert np.array_equal(ys[0], ys[1])

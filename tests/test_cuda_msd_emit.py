@@ -44,13 +44,13 @@ def test_kernels_render_the_schedule():
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
     assert check(source, schedules()) == []
-    assert "mma.sync" not in source or "m16n8k64" in source
-    assert "mma_s4_16864" in source
+    assert "moegen::mma_s4_as_s8(" in source          # the default MMA: s8 on widened int4
+    assert "moegen::mma_s4_16864(" in emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
 
 
 @pytest.mark.parametrize("old,new", [
-    ("      if (moegen_runs(step, 1, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }\n", ""),
-    ("      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }\n", ""),
+    ("      if (moegen_runs(step, 1, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }\n", ""),
+    ("      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }\n", ""),
     ("SLOTS_A_UNFOLD = 3", "SLOTS_A_UNFOLD = 2"),
 ])
 def test_check_fails_on_corrupted_kernels(old, new):

@@ -27,11 +27,14 @@ singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
 singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tail),
 baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
 dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
-MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma}``: 32 output columns
-per CTA (block-n=64 doubles them), the matrix warps' weight ring 8 groups deep (stages=N), the
-vector warps' activation ring as deep as 8 KB per warp allows (2..8 groups), and the integer MMA
-`s4` (mma.sync m16n8k64 s4, the default: measured no slower than s8, docs/PERF.md) or `s8`
-(m16n8k32 on weights and slices widened in registers).
+MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 32 output
+columns per CTA (block-n=64 doubles them), the matrix warps' weight ring 4 groups deep
+(stages=N), the vector warps' activation ring as deep as 8 KB per warp allows (2..4 groups),
+K split over CTAs (whole groups, at least two each) until about 12 CTAs per SM are busy, and the
+integer MMA
+`s8` (the default: mma.sync m16n8k32 on weights and slices widened to int8 in registers) or `s4`
+(mma.sync m16n8k64 s4 directly). Measured on the H200 at the seed shape, s8 is 1.2x faster:
+Hopper's tensor cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
 warps, stages, split_k}``: rows per CTA min(32, M rounded up to 16), 64 columns, 4 warps, ring
 stages as for MoE, K split until about four CTAs per SM are busy.
@@ -50,7 +53,8 @@ RING_ROW_BYTES = 48         # one staged activation row of a k16 step (32 bytes 
 RING_FIXED_BYTES = 512 + 128   # one stage's weights (32 lanes x 16 B) and scales (8 x 16 B)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 32, "stages": 8, "mma": "s4"}
+MSD_CUDA_TILE = {"block_n": 32, "stages": 4, "mma": "s8"}
+MSD_CTAS_PER_SM = 12        # MSD split-K target: the kernel is latency-bound per CTA
 MSD_X_RING_BYTES = 8192     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 
@@ -111,7 +115,17 @@ def gemm_stages(block: int, warps: int, most: int) -> int:
 def msd_x_stages(m: int, group: int) -> int:
     """Activation-ring depth of a vector warp: its rows of one group, up to 8 KB, 2..8 deep."""
     stage = -(-m // 2) * group * 2
-    return max(2, min(8, MSD_X_RING_BYTES // stage))
+    return max(2, min(4, MSD_X_RING_BYTES // stage))
+
+
+def msd_split_k(groups: int, col_blocks: int) -> int:
+    """CTAs along K for the MSD kernel: doubled while about MSD_CTAS_PER_SM CTAs per SM are not
+    yet busy, each keeping at least two whole groups."""
+    split = 1
+    while (col_blocks * split * 2 <= MSD_CTAS_PER_SM * SM_COUNT and groups % (split * 2) == 0
+           and groups // (split * 2) >= 2):
+        split *= 2
+    return split
 
 
 def dense_split_k(k_dim: int, tiles: int, warps: int) -> int:
@@ -231,6 +245,13 @@ class TilePass(Pass):
         else:
             tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
                     for k, v in MSD_CUDA_TILE.items()}
+            s = spec.msd
+            groups = s.k // spec.quant.group_size
+            split = self.option("split-k", tuned.get("split_k") or
+                                msd_split_k(groups, -(-s.n // tile["block_n"])))
+            if groups % split:
+                raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
+                                    f"split evenly")
             loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
-                                  "x_stages": msd_x_stages(spec.msd.m, spec.quant.group_size),
-                                  "mma": tile["mma"]}
+                                  "x_stages": msd_x_stages(s.m, spec.quant.group_size),
+                                  "mma": tile["mma"], "split_k": split}

@@ -4,15 +4,16 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 32 output columns, four warps in the roles of the schedule pass: warps 0 and 1
+// One CTA per 32 output columns and 16 of the 64 groups along K (4 CTAs add their partial
+// sums in a fixed order), four warps in the roles of the schedule pass: warps 0 and 1
 // are the two vector units (unfold A: A_max and the int4 slices of each row; merge: int32 Y ->
-// fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k64 s4 x s4 -> s32).
+// fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k32 s8 x s8 on widened int4 -> s32).
 // The units meet through the schedule's flags, exactly where its action lists say: each flag is
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
 // rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
-// stream the weights through a cp.async ring 8 groups deep, the vector warps their
-// activation rows through one 8 groups deep, and each lane loads the scale of its merge
+// stream the weights through a cp.async ring 4 groups deep, the vector warps their
+// activation rows through one 4 groups deep, and each lane loads the scale of its merge
 // column one group ahead. Each CTA unfolds the (tiny) activations itself, so the schedule's
 // all-core flags stay inside the CTA.
 #include "moegen_w4a16.cuh"
@@ -20,6 +21,8 @@
 namespace msd {
 constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
+constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS consecutive groups
+constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 32;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
@@ -31,14 +34,14 @@ constexpr int WARP_N8 = BLOCK_N / 16;           // n8 tiles per matrix warp
 constexpr int VEC_THREADS = 64, CUBE_THREADS = 64;
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
 constexpr int VEC_ROWS = (M + 1) / 2;           // rows of vector unit 0 (unit 1 has M / 2)
-constexpr int W_STAGES = 8, X_STAGES = 8;
+constexpr int W_STAGES = 4, X_STAGES = 4;
 constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
 constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector unit
 constexpr int COLS_PER_UNIT = BLOCK_N / 2;      // merge: columns of one vector unit
 constexpr int ROW_STRIDE = 32 / COLS_PER_UNIT;  // merge: rows a warp covers at once
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
 __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
-__constant__ float DIVISORS[3] = {7.49f, 112.20020000000001f, 1680.7589960000003f };
+__constant__ float INV_DIVISORS[3] = {0.13351134846461948f, 0.008912640084420526f, 0.0005949692980254022f };
 
 // flags of the schedule: index, mbarrier ring depth, and who signals them
 constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;   // id 3, mode 0: vec -> vec, depth 2
@@ -73,14 +76,17 @@ __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
 
 // --- global loads, ahead of the stages -----------------------------------------------------------
 
+// (stages and loads count groups from this CTA's first, blockIdx.y * STEPS)
+
 // vector unit: its rows' activations of group g into x stage g % X_STAGES (this lane's PER values
 // of each row, which only this lane reads back)
 __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x, int unit, int g) {
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
-  if (g < GROUPS) {
+  if (g < STEPS) {
+    const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
     for (int r = unit, j = 0; r < M; r += 2, ++j)
-      moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, x + (size_t)r * K + g * G + lane * PER);
+      moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
   }
   moegen::cp_async_commit();
 }
@@ -90,13 +96,14 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
 __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
   const int lane = threadIdx.x & 31;
   uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
-  if (g < GROUPS) {
+  if (g < STEPS) {
+    const int kstep0 = (blockIdx.y * STEPS + g) * KSTEPS;
 #pragma unroll
     for (int j = 0; j < WARP_N8; ++j) {
       const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
 #pragma unroll
       for (int h = 0; h < KSTEPS; ++h) {
-        const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + g * KSTEPS + h) * 32 + lane;
+        const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0 + h) * 32 + lane;
         moegen::cp_async_ca_zfill<8>(stage + (j * KSTEPS + h) * 32 + lane, src, n8 < N8 ? 8u : 0u);
       }
     }
@@ -174,7 +181,7 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
                              au[r0 * UNFOLD_STRIDE + wi + 4], au[(r0 + 8) * UNFOLD_STRIDE + wi + 4]};
 #pragma unroll
       for (int j = 0; j < WARP_N8; ++j)
-        moegen::mma_s4_16864(c[j], a, b[j][h].x, b[j][h].y);
+        moegen::mma_s4_as_s8(c[j], a, b[j][h].x, b[j][h].y);
     }
 #pragma unroll
     for (int j = 0; j < WARP_N8; ++j)
@@ -196,7 +203,8 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
   const int c = unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
   const int col = blockIdx.x * BLOCK_N + c;
   const float s = scale_g;
-  if (g + 1 < GROUPS) scale_g = col < N ? __half2float(scale[(size_t)(g + 1) * N + col]) : 0.0f;
+  if (g + 1 < STEPS)
+    scale_g = col < N ? __half2float(scale[(size_t)(blockIdx.y * STEPS + g + 1) * N + col]) : 0.0f;
 #pragma unroll
   for (int q = 0; q < ROWS_PER_LANE; ++q) {
     const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
@@ -204,9 +212,49 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
       float combined = 0.0f;
 #pragma unroll
       for (int i = 0; i < S; ++i)
-        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * BLOCK_N + c]) /
-                    DIVISORS[i];
+        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * BLOCK_N + c]) *
+                    INV_DIVISORS[i];
       acc[q] += combined * sh.amax[amax_slot * M + r] * s;
+    }
+  }
+}
+
+// y = acc (fp16). With SPLIT > 1 each CTA leaves its fp32 sums in `partials`; the last CTA of a
+// column block (per-block counter, reset by that CTA) adds them in split order: deterministic.
+__device__ __forceinline__ void write_out(half* __restrict__ y, float* __restrict__ partials,
+                                          int* __restrict__ counters, int col,
+                                          const float (&acc)[ROWS_PER_LANE]) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (SPLIT == 1) {
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_LANE; ++q) {
+      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
+      if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
+    }
+  } else {
+    __shared__ int last;
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_LANE; ++q) {
+      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
+      if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[q];
+    }
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(VEC_THREADS) : "memory");   // the vector warps only
+    if (threadIdx.x == 0) {
+      last = atomicAdd(&counters[blockIdx.x], 1) == SPLIT - 1;
+      if (last) counters[blockIdx.x] = 0;      // ready for the next call
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(VEC_THREADS) : "memory");
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int q = 0; q < ROWS_PER_LANE; ++q) {
+      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
+      if (r < M && col < N) {
+        float sum = 0.0f;
+        for (int sp = 0; sp < SPLIT; ++sp) sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
+        y[(size_t)r * N + col] = __float2half_rn(sum);
+      }
     }
   }
 }
@@ -216,7 +264,8 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
 // basic: the schedule pass's action lists (lag 0); slots A_max 1, unfolded A 1, Y 1
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
 msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
-                        const half* __restrict__ scale, half* __restrict__ y) {
+                        const half* __restrict__ scale, half* __restrict__ y,
+                        float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1, SLOTS_Y = 1;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -239,38 +288,34 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    float scale_g = col < N ? __half2float(scale[col]) : 0.0f;
+    float scale_g = col < N ? __half2float(scale[(size_t)blockIdx.y * STEPS * N + col]) : 0.0f;
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
     for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
-    for (int step = 0; step < GROUPS + 0; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+    for (int step = 0; step < STEPS + 0; ++step) {
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     moegen::cp_async_wait<0>();
-#pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-      if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
-    }
+    write_out(y, partials, counters, col, acc);
   } else {
     // matrix unit
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
-    for (int step = 0; step < GROUPS + 0; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
+    for (int step = 0; step < STEPS + 0; ++step) {
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
     }
     moegen::cp_async_wait<0>();
   }
@@ -282,7 +327,8 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
 // preload: the schedule pass's action lists (lag 1); slots A_max 2, unfolded A 3, Y 2
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
 msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
-                        const half* __restrict__ scale, half* __restrict__ y) {
+                        const half* __restrict__ scale, half* __restrict__ y,
+                        float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3, SLOTS_Y = 2;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -305,41 +351,37 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    float scale_g = col < N ? __half2float(scale[col]) : 0.0f;
+    float scale_g = col < N ? __half2float(scale[(size_t)blockIdx.y * STEPS * N + col]) : 0.0f;
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
     for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
-    for (int step = 0; step < GROUPS + 1; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 1, GROUPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 1, GROUPS)) { const int it = step - 1; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
-      if (moegen_runs(step, 1, GROUPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+    for (int step = 0; step < STEPS + 1; ++step) {
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 1, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 1, STEPS)) { const int it = step - 1; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 1, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     moegen::cp_async_wait<0>();
-#pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-      if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
-    }
+    write_out(y, partials, counters, col, acc);
   } else {
     // matrix unit
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
     signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
-    for (int step = 0; step < GROUPS + 1; ++step) {
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, GROUPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 0, GROUPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+    for (int step = 0; step < STEPS + 1; ++step) {
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
+      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
     }
     wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     moegen::cp_async_wait<0>();

@@ -218,7 +218,7 @@ def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
     return err
 
 
-S8_PIPELINE = "tile{mma=s8},schedule,alloc"
+S4_PIPELINE = "tile{mma=s4},schedule,alloc"
 
 
 def msd_variants(spec) -> dict:
@@ -227,7 +227,7 @@ def msd_variants(spec) -> dict:
     from .msd_emitter import check_shape
     msd = replace(spec, lowering="msd")
     out = {"basic": (msd, None, "basic"), "preload": (msd, None, "preload"),
-           "preload_s8": (msd, S8_PIPELINE, "preload")}
+           "preload_s4": (msd, S4_PIPELINE, "preload")}
     dq = replace(spec, lowering="dequant")
     try:
         check_shape(dq)
@@ -254,7 +254,7 @@ def _msd_ops(spec, log) -> dict:
 
 def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int] | None = None,
               log=print) -> list[dict]:
-    """Per M in `rows` (default: the spec's): basic, preload (s4 and s8 MMA) and the dequant
+    """Per M in `rows` (default: the spec's): basic, preload (s8 and s4 MMA) and the dequant
     lowering against the int4 floor and fp16 cuBLAS (PyTorch), in one process on the same
     inputs."""
     cp = _cupy()

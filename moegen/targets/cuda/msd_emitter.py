@@ -100,7 +100,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "cuda/msd_matmul.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n, K=s.k, G=g,
         S=s.steps, BLOCK_N=block_n, W_STAGES=tile["w_stages"], X_STAGES=tile["x_stages"],
         MMA=tile["mma"], factors=factors,
-        divisors=[repr(float(d)) for d in merge_divisors(factors, s.steps)], flags=flags,
+        inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
+        SPLIT=tile["split_k"], flags=flags,
         barriers=first,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
@@ -117,7 +118,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
     plan = {
         "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline, "arch": arch,
         "lowering": "msd", "default": spec.schedule, "tile": tile,
-        "kernels": [{"name": f"msd_matmul_{x.mode}", "grid": [-(-s.n // block_n), 1, 1],
+        "kernels": [{"name": f"msd_matmul_{x.mode}",
+                     "grid": [-(-s.n // block_n), tile["split_k"], 1],
                      "block": THREADS, "shared_bytes": smem(x), "slots": x.slots,
                      "flag_depths": {f["name"]: f["depth"] for f in flags},
                      "actions": {kind: {"init": [str(a) for a in p.init],
@@ -125,6 +127,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
                                         "drain": [str(a) for a in p.drain]}
                                  for kind, p in x.programs.items()}}
                     for x in schedules],
+        "workspace": {"partials_floats": tile["split_k"] * s.m * s.n if tile["split_k"] > 1 else 0,
+                      "counters": -(-s.n // block_n) if tile["split_k"] > 1 else 0},
         "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (mma.sync m16n8k64 s4 B)"},
     }
     return source, plan

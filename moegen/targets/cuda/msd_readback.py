@@ -9,7 +9,7 @@ _KERNEL = re.compile(r"msd_matmul_(\w+)\(const half\* __restrict__ x")
 _SIGNAL = re.compile(r"\bsignal\(sh, (\w+), sent\[\1\]\+\+\)")
 _WAIT = re.compile(r"\bwait\(sh, (\w+), waited\[\1\]\+\+\)")
 _STAGE = re.compile(r"\b(unfold|matmul|merge)\(sh,")
-_RUNS = re.compile(r"moegen_runs\(step, (\d+), GROUPS\)")
+_RUNS = re.compile(r"moegen_runs\(step, (\d+), STEPS\)")
 IDS = {f.name: f.id for f in FLAGS.values()}
 
 

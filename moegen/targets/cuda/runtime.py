@@ -340,9 +340,7 @@ class MsdMatmul:
         xa = as_device(cp, x, "x", np.float16, (s.m, s.k))
         sa = as_device(cp, scale, "scale", np.float16, (s.k // g, s.n))
         y = self.out if out is None else as_device(cp, out, "out", np.float16, (s.m, s.n))
-        args = (xa, packed_w, sa, y)
-        if which == "dequant":
-            args += (self.partials, self.counters)
+        args = (xa, packed_w, sa, y, self.partials, self.counters)
         with stream:
             fn(tuple(k["grid"]), (k["block"],), args, shared_mem=k["shared_bytes"])
         return _result(x, y, out)
