@@ -21,7 +21,7 @@ import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import __version__
@@ -54,7 +54,10 @@ class Device:
 
 
 def entry_key(spec: Spec, device: Device) -> str:
-    """Hash of (moegen version, printed IR, GPU name, CUDA version, spec hash)."""
+    """Hash of (moegen version, printed IR, GPU name, CUDA version, spec hash). An MSD entry
+    holds the best config of both lowerings and schedules: its key ignores those two keys."""
+    if spec.pipeline == "msd_matmul":
+        spec = replace(spec, lowering="msd", schedule="preload")
     ir = str(build(spec))
     blob = json.dumps([__version__, ir, device.name, device.cuda, spec.hash])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -108,13 +111,21 @@ class TuningDB:
         return None
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
-        """The tile pass's view: {"buckets": [[edge, block, split], ...]} (or None)."""
+        """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages], ...]};
+        MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
+        "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
         if not e or not e.get("results"):
             return None
+        if spec.pipeline == "msd_matmul":
+            mine = [r for r in e["results"] if r["config"].get("lowering") == spec.lowering]
+            if not mine:
+                return None
+            return {k: v for k, v in mine[0]["config"].items() if k != "lowering"}
         results = sorted(e["results"], key=lambda r: r["tokens"])
         edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max)
-        return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"]]
+        return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
+                             r["config"].get("stages", 8)]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -152,7 +163,7 @@ class Tuning:
         self.db, self.device = db, device
 
     def lookup(self, spec: Spec, target: str) -> dict | None:
-        if target != "cuda" or spec.pipeline != "moe_w4a16":
+        if target != "cuda":
             return None
         if self.device is None:           # compiling without a GPU: the entry of any GPU
             return self.db.lookup_any(spec)
@@ -177,30 +188,76 @@ def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """One point of the sweep: the moe block and the GEMM split-K of a token count (block_n is
-    the packed weight tile, 64; warps and stages stay at the tile pass's values)."""
+    """One point of the sweep: the moe block, the GEMM split-K and the most copy-ring stages of
+    a token count (block_n is the packed weight tile, 64; warps stay at the tile pass's value)."""
     moe_block: int
     split_k: int
+    stages: int = 8
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
-            f"tile{{moe-block={self.moe_block},split-k={self.split_k}}}", "alloc"])
+            f"tile{{moe-block={self.moe_block},split-k={self.split_k},stages={self.stages}}}",
+            "alloc"])
 
     def as_dict(self) -> dict:
-        return {"moe_block": self.moe_block, "split_k": self.split_k}
+        return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages}
+
+
+STAGE_CHOICES = (2, 4, 8)
 
 
 def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
-    """Candidates for one token count: every block the routing buffers allow and every split-K
-    that divides both GEMMs' K steps over their warps; split-K only for decode sizes (T <= 64),
-    where some SMs would otherwise idle."""
-    from .passes.tile import GEMM_TILE, fit_warps
+    """Candidates for one token count: every block the routing buffers allow, every split-K
+    that divides both GEMMs' K steps over their warps (split-K only for decode sizes, T <= 64,
+    where some SMs would otherwise idle), and ring depths 2, 4, 8 (the tile pass lowers a depth
+    that does not fit shared memory, so such candidates are left out as duplicates)."""
+    from .passes.tile import GEMM_TILE, fit_warps, gemm_stages
     m = spec.moe
     ks = [m.hidden_size, m.intermediate_size]
     blocks = [m.block_size] if m.block_size else list(MOE_BLOCK_CHOICES)
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
-    return [MoeConfig(b, s) for b in blocks for s in splits
-            if all((k // 16) % (s * fit_warps(k, GEMM_TILE["warps"])) == 0 for k in ks)]
+    out = []
+    for b in blocks:
+        depths = sorted({gemm_stages(b, GEMM_TILE["warps"], d) for d in STAGE_CHOICES})
+        out += [MoeConfig(b, s, d) for s in splits for d in depths
+                if all((k // 16) % (s * fit_warps(k, GEMM_TILE["warps"])) == 0 for k in ks)]
+    return out
+
+
+@dataclass(frozen=True)
+class MsdConfig:
+    """One point of the MSD sweep: the lowering and its tile (for msd also the MMA, columns per
+    CTA; both schedules of a compiled module are timed)."""
+    lowering: str
+    split_k: int
+    mma: str = "s8"
+    block_n: int = 32
+
+    def pipeline(self) -> str:
+        opts = f"split-k={self.split_k}" + (f",mma={self.mma},block-n={self.block_n}"
+                                             if self.lowering == "msd" else "")
+        return f"tile{{{opts}}},schedule,alloc"
+
+    def as_dict(self, schedule: str | None = None) -> dict:
+        if self.lowering == "dequant":
+            return {"lowering": "dequant", "split_k": self.split_k}
+        return {"lowering": "msd", "schedule": schedule, "mma": self.mma,
+                "block_n": self.block_n, "split_k": self.split_k}
+
+
+def msd_config_space(spec: Spec) -> list[MsdConfig]:
+    """msd: MMA s8/s4 x 32/64 columns x split-K over whole groups (2+ per CTA); dequant: split-K
+    over k16 steps of its warps, where its shape rule allows the lowering at all."""
+    from .passes.tile import fit_warps
+    s = spec.msd
+    groups = s.k // spec.quant.group_size
+    splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
+    out = [MsdConfig("msd", sp, mma, bn) for mma in ("s8", "s4") for bn in (32, 64)
+           for sp in splits]
+    if s.n % 8 == 0:
+        w = fit_warps(s.k, 4)
+        out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if (s.k // 16) % (sp * w) == 0]
+    return out
 
 
 def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
@@ -271,3 +328,68 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             f"({default_us / best[0]:.2f}x)")
     db.record(spec, device, results)
     return results
+
+
+def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 10,
+                 log=print) -> list[dict]:
+    """Sweep the MSD config space on the GPU (both schedules of every msd candidate, and the
+    dequant lowering); every candidate is checked against its reference before it is timed.
+    Records the best config of each lowering; the tile pass applies the one of the spec's."""
+    import time
+
+    import numpy as np
+
+    from . import reference
+    from .targets.cuda.bench import time_call
+    from .targets.cuda.runtime import MsdMatmul, _cupy
+    cp = _cupy()
+    spec = load_spec(spec)
+    s, g = spec.msd, spec.quant.group_size
+    device = Device.current()
+    start = time.monotonic()
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-3, 3, (s.m, s.k)).astype(np.float16)
+    w = rng.integers(-6, 7, (s.k, s.n), dtype=np.int8)
+    scale = rng.uniform(-3, 3, (s.k // g, s.n)).astype(np.float16)
+    wants = {"msd": reference.msd_matmul(x, w, scale, g, s.steps, accumulate=np.float64),
+             "dequant": reference.dequant_matmul(x, w, scale, g)}
+    xd, sd = cp.asarray(x), cp.asarray(scale)
+    default = MsdMatmul(spec, tuning=None)          # the documented defaults
+    dpw = default.pack(w)
+    default_us = time_call(cp, lambda: default(xd, dpw, sd), reps)
+    space = msd_config_space(spec)
+    best: dict[str, tuple] = {}
+    packed: dict = {}
+    for i, cfg in enumerate(space):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
+            break
+        bar = "#" * (20 * (i + 1) // len(space))
+        print(f"\r  M={s.m:<3} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+        try:
+            op = MsdMatmul(replace(spec, lowering=cfg.lowering), pipeline=cfg.pipeline(),
+                           tuning=None)
+            pw = packed.setdefault(cfg.lowering, op.pack(w))
+            for schedule in op.schedules:
+                op.out.fill(np.float16(np.nan))          # poisoned: unwritten outputs fail
+                y = cp.asnumpy(op(xd, pw, sd, schedule=schedule)).astype(np.float64)
+                want = wants[cfg.lowering]
+                err = np.linalg.norm(y - want) / np.linalg.norm(want)
+                if not err <= 2e-3:                        # NaN fails too
+                    raise ValueError(f"{schedule}: relative error {err:.2e}")
+                us = time_call(cp, lambda: op(xd, pw, sd, schedule=schedule), reps)
+                if us < best.get(cfg.lowering, (math.inf,))[0]:
+                    best[cfg.lowering] = (us, cfg.as_dict(schedule if cfg.lowering == "msd"
+                                                          else None))
+        except Exception as exc:   # compile failure, resources, wrong numbers: infinite
+            log(f"\n  {cfg}: scored infinite ({str(exc).splitlines()[0][:100]})")
+    print(file=sys.stderr)
+    results = [{"tokens": s.m, "config": c, "time_us": us, "default_us": default_us,
+                "checked": True} for us, c in sorted(best.values(), key=lambda b: b[0])]
+    for r in results:
+        log(f"  M={s.m} {r['config']['lowering']}: best {r['config']} {r['time_us']:.1f} us, "
+            f"default ({spec.lowering}, {spec.schedule}) {default_us:.1f} us "
+            f"({default_us / r['time_us']:.2f}x)")
+    db.record(spec, device, results)
+    return results
+

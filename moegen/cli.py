@@ -138,11 +138,12 @@ def cmd_compile(args) -> int:
 
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
-    if spec.pipeline != "moe_w4a16":
-        raise UsageError("autotune: only moe_w4a16 specs are tuned so far")
-    from .autotune import TuningDB, autotune_moe
+    from .autotune import TuningDB, autotune_moe, autotune_msd
     db = TuningDB(args.tuning_db)
-    _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
+    if spec.pipeline == "msd_matmul":
+        _gpu(autotune_msd, spec, db, args.budget_s)
+    else:
+        _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
     print(f"wrote {db.path}")
     return 0
 

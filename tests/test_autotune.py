@@ -111,6 +111,41 @@ def test_compile_uses_the_tuned_config(tmp_path):
     assert "[[16, 8], [64, 8], [8192, 32]]" in str(lower(QWEN, "cuda")[0])
 
 
+def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
+    path = tmp_path / "t.json"
+    staged = [dict(r, config={**r["config"], "stages": 2}) for r in RESULTS]
+    at.TuningDB(path).record(QWEN, H200, staged)
+    text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    assert "stages = [2, 2, 2, 2, 2]" in text
+    assert "stages = [4, 4, 5]" in str(lower(QWEN, "cuda")[0])      # the defaults
+
+
+MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
+
+
+def test_msd_config_space_and_tuned_tile(tmp_path):
+    space = at.msd_config_space(MSD)
+    assert {c.lowering for c in space} == {"msd", "dequant"}
+    assert {c.mma for c in space if c.lowering == "msd"} == {"s4", "s8"}
+    assert {c.split_k for c in space if c.lowering == "msd"} == {1, 2, 4, 8, 16}
+    results = [{"tokens": 1, "config": {"lowering": "dequant", "split_k": 8}, "time_us": 30.0,
+                "default_us": 60.0, "checked": True},
+               {"tokens": 1, "config": {"lowering": "msd", "schedule": "basic", "mma": "s4",
+                                        "block_n": 64, "split_k": 2},
+                "time_us": 50.0, "default_us": 60.0, "checked": True}]
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(MSD, H200, results)
+    tuning = at.Tuning(at.TuningDB(path), H200)
+    text = str(lower(MSD, "cuda", tuning=tuning)[0])
+    assert 'tile = {block_n = 64, w_stages = 4, x_stages = 4, mma = "s4", split_k = 2}' in text
+    import dataclasses
+    dq = dataclasses.replace(MSD, lowering="dequant")
+    assert "split_k = 8}" in str(lower(dq, "cuda", tuning=tuning)[0])
+    # an option still beats the database
+    assert "split_k = 1}" in str(lower(MSD, "cuda", "tile{split-k=1},schedule,alloc",
+                                       tuning=tuning)[0])
+
+
 def test_hand_edited_bad_split_fails_clearly(tmp_path):
     path = tmp_path / "t.json"
     bad = [dict(r, config={"moe_block": 8, "split_k": 7}) for r in RESULTS[:1]]
@@ -129,3 +164,19 @@ def test_short_autotune_on_the_gpu(tmp_path):
     layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
                                                         at.Device.current()))
     assert [b for _, b in layer.plan["buckets"]] == [r["config"]["moe_block"] for r in results]
+
+
+@pytest.mark.gpu
+def test_short_msd_autotune_on_the_gpu(tmp_path):
+    pytest.importorskip("cupy")
+    db = at.TuningDB(tmp_path / "t.json")
+    spec = moegen.load_spec({"name": "msd-small", "pipeline": "msd_matmul",
+                             "msd": {"m": 2, "n": 1000, "k": 1024}, "targets": {"cuda": {}}})
+    results = at.autotune_msd(spec, db, budget_s=120, reps=3)
+    assert {r["config"]["lowering"] for r in results} == {"msd", "dequant"}
+    assert all(r["checked"] for r in results)
+    op = moegen.cuda.MsdMatmul(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
+                                                      at.Device.current()))
+    best = next(r["config"] for r in results if r["config"]["lowering"] == "msd")
+    assert op.plan["tile"]["split_k"] == best["split_k"] and op.plan["tile"]["mma"] == best["mma"]
+

@@ -14,8 +14,9 @@ MoE (`moe_w4a16`):
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range; stages is
   one entry per bucket: each warp streams its k16 steps through a cp.async ring of that many
-  shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass 48 KB:
-  block 32 -> 5, 64 -> 3); split_k is one entry per bucket: in a
+  shared-memory stages (at most 8; blocks of up to 16 rows are built for 8 CTAs per SM, 64
+  registers, and get 4 stages, 28 KB; block 32 -> 5, 64 -> 3 within 48 KB); split_k is one
+  entry per bucket: in a
   decode bucket whose smallest call (one block per active expert) has fewer 64-column tiles
   than the GPU has SMs (132), the K loop is split over CTAs until about four CTAs per SM are
   busy; otherwise 1 (measured: splitting when every SM already has a tile only adds the
@@ -104,12 +105,24 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     return split
 
 
+SHARED_PER_SM = 227 * 1024  # usable by the CTAs of one SM (H100/H200), 1 KB of it reserved per CTA
+DECODE_CTAS_PER_SM = 8      # blocks of one m16 tile: registers capped at 64 so 8 CTAs fit an SM
+
+
+def gemm_ctas_per_sm(block: int) -> int:
+    """CTAs per SM a GEMM variant is built for (its launch bounds): 8 for blocks of one m16 tile
+    (decode: a wave then holds 1056 CTAs, so e.g. Mixtral's 896 gate/up tiles at T = 1 run in
+    one wave), else 1 (no register cap)."""
+    return DECODE_CTAS_PER_SM if block <= 16 else 1
+
+
 def gemm_stages(block: int, warps: int, most: int) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, scales and the block's rows padded to m16)
-    would not fit its static shared memory."""
+    would pass its static shared memory or its share of the SM's (gemm_ctas_per_sm)."""
     stage = RING_FIXED_BYTES + align_up(block, 16) * RING_ROW_BYTES
-    return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
+    share = min(SHARED_PER_CTA, SHARED_PER_SM // gemm_ctas_per_sm(block) - 1024)
+    return max(2, min(most, (share - 64) // (warps * stage)))
 
 
 def msd_x_stages(m: int, group: int) -> int:
@@ -182,7 +195,7 @@ class TilePass(Pass):
         fixed = self.option("moe-block")
         # a tuning entry gives a block and a split per bucket, unless options say otherwise
         tuned_buckets = tuned.get("buckets") if not (fixed or self.option("split-k")) else None
-        buckets = ([[edge, block] for edge, block, _ in tuned_buckets] if tuned_buckets
+        buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
                    else moe_buckets(spec, fixed))
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
@@ -205,9 +218,12 @@ class TilePass(Pass):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of k16 steps")
                 most = tile.pop("stages")
-                tile["stages"] = [gemm_stages(block, tile["warps"], most) for _, block in buckets]
+                tuned_most = ([b[3] if len(b) > 3 and self.option("stages") is None else most
+                               for b in tuned_buckets] if tuned_buckets else [most] * len(buckets))
+                tile["stages"] = [gemm_stages(block, tile["warps"], m)
+                                  for (_, block), m in zip(buckets, tuned_most)]
                 if tuned_buckets:
-                    tile["split_k"] = [s for _, _, s in tuned_buckets]
+                    tile["split_k"] = [b[2] for b in tuned_buckets]
                     bad = [s for s in tile["split_k"] if (k_dim // 16) % (s * tile["warps"])]
                     if bad:
                         raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "

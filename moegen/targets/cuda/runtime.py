@@ -287,14 +287,18 @@ class MsdMatmul:
     dequantizing W4A16 GEMM. The split-K workspace is allocated here, once.
     """
 
-    def __init__(self, spec, arch: str | None = None, pipeline: str | None = None):
+    def __init__(self, spec, arch: str | None = None, pipeline: str | None = None,
+                 tuning="auto"):
         from .msd_emitter import emit_msd
         cp = _cupy()
         self.spec = load_spec(spec)
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
                              f"{self.spec.pipeline}")
-        module, _, pm = lower(self.spec, "cuda", pipeline)
+        if tuning == "auto":   # the tuning database at its default place, if there is one
+            from ...autotune import tuning_for
+            tuning = tuning_for()
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning)
         self.arch = arch or device_arch()
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
