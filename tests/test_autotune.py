@@ -159,7 +159,7 @@ def test_short_autotune_on_the_gpu(tmp_path):
     pytest.importorskip("cupy")
     db = at.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
-    results = at.autotune_moe(spec, [1, 33], db, budget_s=120, reps=3)
+    results = at.autotune_moe(spec, [1, 33], db, budget_s=60, reps=3)
     assert results and all(r["checked"] for r in results)
     layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
                                                         at.Device.current()))
@@ -172,7 +172,7 @@ def test_short_msd_autotune_on_the_gpu(tmp_path):
     db = at.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec({"name": "msd-small", "pipeline": "msd_matmul",
                              "msd": {"m": 2, "n": 1000, "k": 1024}, "targets": {"cuda": {}}})
-    results = at.autotune_msd(spec, db, budget_s=120, reps=3)
+    results = at.autotune_msd(spec, db, budget_s=60, reps=3)
     assert {r["config"]["lowering"] for r in results} == {"msd", "dequant"}
     assert all(r["checked"] for r in results)
     op = moegen.cuda.MsdMatmul(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
