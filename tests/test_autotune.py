@@ -117,7 +117,7 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     at.TuningDB(path).record(QWEN, H200, staged)
     text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
-    assert "stages = [4, 4, 5]" in str(lower(QWEN, "cuda")[0])      # the defaults
+    assert "stages = [8, 8, 5]" in str(lower(QWEN, "cuda")[0])      # the defaults
 
 
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")

@@ -67,7 +67,7 @@ def test_launch_plan_lists_both_templates():
     pre = plan["kernels"][1]
     assert pre["slots"] == {"a_max": 2, "a_unfold": 3, "y_int": 2}
     assert pre["actions"]["vec"]["step"][6] == [1, "merge(i-1)"]
-    assert pre["grid"][0] == 12288 // 32
+    assert pre["grid"][:2] == [12288 // 64, 4]          # 64 columns, 16 of the 64 groups each
 
 
 def test_unsupported_msd_specs_fail_clearly():

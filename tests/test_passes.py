@@ -107,7 +107,7 @@ def test_moe_passes_printed(path):
         r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
         + ".*block_buckets = " + re.escape(buckets),
         r"%activation = moe\.grouped_gemm_w4a16\(.*epilogue = \"swiglu\".*tile = \{block_n = 64, "
-        r"warps = \d, stages = \[4(, [345])*\], split_k = \[",
+        r"warps = \d, stages = \[8(, [358])*\], split_k = \[",
         r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
         r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
     ])

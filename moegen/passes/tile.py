@@ -14,9 +14,8 @@ MoE (`moe_w4a16`):
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range; stages is
   one entry per bucket: each warp streams its k16 steps through a cp.async ring of that many
-  shared-memory stages (at most 8; blocks of up to 16 rows are built for 8 CTAs per SM, 64
-  registers, and get 4 stages, 28 KB; block 32 -> 5, 64 -> 3 within 48 KB); split_k is one
-  entry per bucket: in a
+  shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass 48 KB:
+  block 32 -> 5, 64 -> 3); split_k is one entry per bucket: in a
   decode bucket whose smallest call (one block per active expert) has fewer 64-column tiles
   than the GPU has SMs (132), the K loop is split over CTAs until about four CTAs per SM are
   busy; otherwise 1 (measured: splitting when every SM already has a tile only adds the
@@ -28,10 +27,11 @@ singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
 singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tail),
 baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
 dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
-MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 32 output
-columns per CTA (block-n=64 doubles them), the matrix warps' weight ring 4 groups deep
+MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 64 output
+columns per CTA (block-n=32 halves them; 64 measured best at the seed shape), the matrix warps'
+weight ring 4 groups deep
 (stages=N), the vector warps' activation ring as deep as 8 KB per warp allows (2..4 groups),
-K split over CTAs (whole groups, at least two each) until about 12 CTAs per SM are busy, and the
+K split over CTAs (whole groups, at least two each) until about 6 CTAs per SM are busy, and the
 integer MMA
 `s8` (the default: mma.sync m16n8k32 on weights and slices widened to int8 in registers) or `s4`
 (mma.sync m16n8k64 s4 directly). Measured on the H200 at the seed shape, s8 is 1.2x faster:
@@ -54,8 +54,8 @@ RING_ROW_BYTES = 48         # one staged activation row of a k16 step (32 bytes 
 RING_FIXED_BYTES = 512 + 128   # one stage's weights (32 lanes x 16 B) and scales (8 x 16 B)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 32, "stages": 4, "mma": "s8"}
-MSD_CTAS_PER_SM = 12        # MSD split-K target: the kernel is latency-bound per CTA
+MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
+MSD_CTAS_PER_SM = 6         # MSD split-K target (the sweep's best at the seed shape: 64 columns x 4)
 MSD_X_RING_BYTES = 8192     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 
@@ -105,24 +105,13 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     return split
 
 
-SHARED_PER_SM = 227 * 1024  # usable by the CTAs of one SM (H100/H200), 1 KB of it reserved per CTA
-DECODE_CTAS_PER_SM = 8      # blocks of one m16 tile: registers capped at 64 so 8 CTAs fit an SM
-
-
-def gemm_ctas_per_sm(block: int) -> int:
-    """CTAs per SM a GEMM variant is built for (its launch bounds): 8 for blocks of one m16 tile
-    (decode: a wave then holds 1056 CTAs, so e.g. Mixtral's 896 gate/up tiles at T = 1 run in
-    one wave), else 1 (no register cap)."""
-    return DECODE_CTAS_PER_SM if block <= 16 else 1
-
-
 def gemm_stages(block: int, warps: int, most: int) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, scales and the block's rows padded to m16)
-    would pass its static shared memory or its share of the SM's (gemm_ctas_per_sm)."""
+    would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
+    8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower at decode sizes.)"""
     stage = RING_FIXED_BYTES + align_up(block, 16) * RING_ROW_BYTES
-    share = min(SHARED_PER_CTA, SHARED_PER_SM // gemm_ctas_per_sm(block) - 1024)
-    return max(2, min(most, (share - 64) // (warps * stage)))
+    return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
 def msd_x_stages(m: int, group: int) -> int:

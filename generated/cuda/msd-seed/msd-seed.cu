@@ -4,7 +4,7 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 32 output columns and 16 of the 64 groups along K (4 CTAs add their partial
+// One CTA per 64 output columns and 16 of the 64 groups along K (4 CTAs add their partial
 // sums in a fixed order), four warps in the roles of the schedule pass: warps 0 and 1
 // are the two vector units (unfold A: A_max and the int4 slices of each row; merge: int32 Y ->
 // fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k32 s8 x s8 on widened int4 -> s32).
@@ -23,7 +23,7 @@ constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
 constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS consecutive groups
 constexpr int STEPS = GROUPS / SPLIT;
-constexpr int BLOCK_N = 32;
+constexpr int BLOCK_N = 64;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 constexpr int WORDS = G / 8;                    // 8 int4 per 32-bit word along K

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from ... import __version__
 from ..header import file_header
 from ...ir import Module
-from ...passes.tile import gemm_ctas_per_sm
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -78,8 +77,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                                 tile["stages"]):
             kernel = f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
-                               "stages": stages, "ctas_per_sm": gemm_ctas_per_sm(block),
-                               "kernel": kernel})
+                               "stages": stages, "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
