@@ -207,14 +207,20 @@ STAGE_CHOICES = (2, 4, 8)
 
 
 def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
-    """Candidates for one token count: every block the routing buffers allow, every split-K
+    """Candidates for one token count: the blocks the routing buffers allow up to twice what an
+    average routed expert needs, every split-K
     that divides both GEMMs' K steps over their warps (split-K only for decode sizes, T <= 64,
     where some SMs would otherwise idle), and ring depths 2, 4, 8 (the tile pass lowers a depth
     that does not fit shared memory, so such candidates are left out as duplicates)."""
     from .passes.tile import GEMM_TILE, fit_warps, gemm_stages
     m = spec.moe
     ks = [m.hidden_size, m.intermediate_size]
-    blocks = [m.block_size] if m.block_size else list(MOE_BLOCK_CHOICES)
+    # a block far larger than an average routed expert's slots only pads: at most twice the
+    # power of two that holds them (so T = 1 tries block 8 only)
+    per_expert = -(-tokens * m.top_k // min(m.num_experts, tokens * m.top_k))
+    useful = max(8, 2 * (1 << max(0, per_expert - 1).bit_length()))
+    blocks = ([m.block_size] if m.block_size
+              else [b for b in MOE_BLOCK_CHOICES if b <= useful])
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
     out = []
     for b in blocks:

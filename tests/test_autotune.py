@@ -74,7 +74,11 @@ def test_config_space_is_pruned():
     decode = at.config_space(QWEN, 1)
     prefill = at.config_space(QWEN, 2048)
     assert {c.split_k for c in prefill} == {1} and {c.split_k for c in decode} >= {1, 2, 4}
-    assert {c.moe_block for c in decode} == {8, 16, 32, 64}
+    assert {c.moe_block for c in decode} == {8}             # one slot per expert: no bigger block
+    assert {c.moe_block for c in prefill} == {8, 16, 32, 64}
+    assert {c.moe_block for c in at.config_space(moegen.load_spec(
+        ROOT / "examples" / "mixtral-8x7b.yaml"), 64)} == {8, 16, 32}   # 16 slots per expert
+    assert {c.stages for c in decode} == {2, 4, 8}
     odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
                             "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
                                     "top_k": 2, "block_size": 4}, "targets": {"cuda": {}}})
