@@ -111,7 +111,8 @@ class TuningDB:
         return None
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
-        """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages], ...]};
+        """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
+        split of the down GEMM], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
@@ -125,7 +126,8 @@ class TuningDB:
         results = sorted(e["results"], key=lambda r: r["tokens"])
         edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max)
         return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
-                             r["config"].get("stages", 8)]
+                             r["config"].get("stages", 8),
+                             r["config"].get("split_k_down", r["config"]["split_k"])]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -188,19 +190,23 @@ def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """One point of the sweep: the moe block, the GEMM split-K and the most copy-ring stages of
-    a token count (block_n is the packed weight tile, 64; warps stay at the tile pass's value)."""
+    """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM and
+    the most copy-ring stages of a token count (block_n is the packed weight tile, 64; warps
+    stay at the tile pass's value)."""
     moe_block: int
     split_k: int
     stages: int = 8
+    split_k_down: int | None = None          # None: as split_k
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
+        down = self.split_k if self.split_k_down is None else self.split_k_down
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
-            f"tile{{moe-block={self.moe_block},split-k={self.split_k},stages={self.stages}}}",
-            "alloc"])
+            f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
+            f"stages={self.stages}}}", "alloc"])
 
     def as_dict(self) -> dict:
-        return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages}
+        return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
+                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down}
 
 
 STAGE_CHOICES = (2, 4, 8)
@@ -208,13 +214,12 @@ STAGE_CHOICES = (2, 4, 8)
 
 def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     """Candidates for one token count: the blocks the routing buffers allow up to twice what an
-    average routed expert needs, every split-K
-    that divides both GEMMs' K steps over their warps (split-K only for decode sizes, T <= 64,
+    average routed expert needs, every split-K of
+    each GEMM that divides its K steps over its warps (split-K only for decode sizes, T <= 64,
     where some SMs would otherwise idle), and ring depths 2, 4, 8 (the tile pass lowers a depth
     that does not fit shared memory, so such candidates are left out as duplicates)."""
     from .passes.tile import GEMM_TILE, fit_warps, gemm_stages
     m = spec.moe
-    ks = [m.hidden_size, m.intermediate_size]
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
     per_expert = -(-tokens * m.top_k // min(m.num_experts, tokens * m.top_k))
@@ -222,11 +227,14 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     blocks = ([m.block_size] if m.block_size
               else [b for b in MOE_BLOCK_CHOICES if b <= useful])
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
+    def fits(k: int, split: int) -> bool:
+        return (k // 16) % (split * fit_warps(k, GEMM_TILE["warps"])) == 0
+
     out = []
     for b in blocks:
         depths = sorted({gemm_stages(b, GEMM_TILE["warps"], d) for d in STAGE_CHOICES})
-        out += [MoeConfig(b, s, d) for s in splits for d in depths
-                if all((k // 16) % (s * fit_warps(k, GEMM_TILE["warps"])) == 0 for k in ks)]
+        out += [MoeConfig(b, up, d, down) for up in splits for down in splits for d in depths
+                if fits(m.hidden_size, up) and fits(m.intermediate_size, down)]
     return out
 
 

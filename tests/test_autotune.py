@@ -84,8 +84,8 @@ def test_config_space_is_pruned():
                                     "top_k": 2, "block_size": 4}, "targets": {"cuda": {}}})
     space = at.config_space(odd, 1)
     assert {c.moe_block for c in space} == {4}
-    for c in space:   # K/16 = 6 and 10: only splits dividing both over their warps survive
-        assert 6 % c.split_k == 0 and 10 % c.split_k == 0
+    for c in space:   # K/16 = 6 and 10: only splits dividing each over its warps survive
+        assert 6 % c.split_k == 0 and 10 % c.split_k_down == 0
 
 
 def test_bucket_edges_pick_the_nearest_measured_count():
@@ -122,6 +122,20 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
     assert "stages = [8, 8, 5]" in str(lower(QWEN, "cuda")[0])      # the defaults
+
+
+def test_tuned_split_per_gemm(tmp_path):
+    path = tmp_path / "t.json"
+    per_gemm = [dict(r, config={**r["config"], "split_k": 1, "split_k_down": 4}) for r in RESULTS]
+    at.TuningDB(path).record(QWEN, H200, per_gemm)
+    module = lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    splits = {op.attr("mul_topk_weights"): op.attrs["tile"]["split_k"]
+              for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"}
+    assert splits == {False: [1] * 5, True: [4] * 5}
+    # the sweep holds the tile pass's own choice (Qwen3 at T = 1: no split for either GEMM)
+    assert at.MoeConfig(8, 1, 8, 1) in at.config_space(QWEN, 1)
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    assert at.MoeConfig(8, 1, 8, 4) in at.config_space(mixtral, 1)   # down GEMM split 4
 
 
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")

@@ -169,6 +169,8 @@ class TilePass(Pass):
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits at decode sizes"),
+        "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
+                                          "split-k)"),
     }
 
     def apply(self, module: Module, ctx: Context) -> None:
@@ -183,7 +185,8 @@ class TilePass(Pass):
         spec = ctx.spec
         fixed = self.option("moe-block")
         # a tuning entry gives a block and a split per bucket, unless options say otherwise
-        tuned_buckets = tuned.get("buckets") if not (fixed or self.option("split-k")) else None
+        tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
+                                                       or self.option("split-k-down")) else None)
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
                    else moe_buckets(spec, fixed))
         for op in module.function().walk():
@@ -202,7 +205,9 @@ class TilePass(Pass):
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 tile["warps"] = fit_warps(k_dim, tile["warps"])
-                split = self.option("split-k")
+                down = bool(op.attr("mul_topk_weights"))
+                split = self.option("split-k-down") if down and self.option("split-k-down") \
+                    else self.option("split-k")
                 if split and (k_dim // 16) % (split * tile["warps"]):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of k16 steps")
@@ -211,8 +216,9 @@ class TilePass(Pass):
                                for b in tuned_buckets] if tuned_buckets else [most] * len(buckets))
                 tile["stages"] = [gemm_stages(block, tile["warps"], m)
                                   for (_, block), m in zip(buckets, tuned_most)]
-                if tuned_buckets:
-                    tile["split_k"] = [b[2] for b in tuned_buckets]
+                if tuned_buckets:   # [edge, block, split, stages, split of the down GEMM]
+                    tile["split_k"] = [b[4] if down and len(b) > 4 else b[2]
+                                       for b in tuned_buckets]
                     bad = [s for s in tile["split_k"] if (k_dim // 16) % (s * tile["warps"])]
                     if bad:
                         raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "
