@@ -138,6 +138,15 @@ def test_tuned_split_per_gemm(tmp_path):
     assert at.MoeConfig(8, 1, 8, 4) in at.config_space(mixtral, 1)   # down GEMM split 4
 
 
+def test_default_config_is_recognised_in_the_sweep():
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 4)
+    assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 5, 1)
+    # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
+    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.default_config(mixtral, 2048), 4)
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1), 4)
+
+
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
 
 
