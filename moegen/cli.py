@@ -96,29 +96,42 @@ def _token_list(text: str) -> list[int]:
     return tokens
 
 
+def _run_tuning(args):
+    """`--tuning-db PATH`: that database (measured on this GPU); else the runtime's default."""
+    if not args.tuning_db:
+        return "auto"
+    from .autotune import tuning_for
+    path = Path(args.tuning_db)
+    if not path.exists():
+        raise UsageError(f"--tuning-db {args.tuning_db}: no such file")
+    return tuning_for(path)
+
+
 def cmd_run(args) -> int:
     spec = load_spec(args.spec)
+    tuning = _run_tuning(args)
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import run_msd
-        return 0 if _gpu(run_msd, spec, args.seed) <= 2e-3 else 1
+        return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
     from .targets.cuda.bench import run_moe
     ok = True
     for t in _token_list(args.tokens):
-        err = _gpu(run_moe, spec, t, args.seed)
+        err = _gpu(run_moe, spec, t, args.seed, tuning=tuning)
         ok = ok and err <= 2e-3
     return 0 if ok else 1
 
 
 def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
+    tuning = _run_tuning(args)
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import bench_msd
         rows = _token_list(args.rows) if args.rows else [spec.msd.m]
-        _gpu(bench_msd, spec, args.json, args.reps, rows)
+        _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
-         not args.no_baseline)
+         not args.no_baseline, tuning=tuning)
     return 0
 
 
@@ -229,6 +242,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("spec")
     s.add_argument("--tokens", default="16", help="token counts, e.g. 1,16,64 (default 16)")
     s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
+                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("bench", help="time the layer on the GPU against its memory floor",
@@ -238,6 +253,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
     s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "
                    "(default: the spec's msd.m)")
+    s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
+                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

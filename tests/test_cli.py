@@ -93,10 +93,18 @@ def test_gpu_commands_without_a_gpu_say_so(tmp_path):
         pytest.skip("CuPy is installed here: the commands would try the GPU")
     except ImportError:
         pass
+    db = tmp_path / "t.json"
+    db.write_text('{"format": 1, "entries": {}}')
     for args in (["run", "examples/moe-seed.yaml"], ["bench", "examples/qwen3-30b-a3b.yaml"],
-                 ["run", "examples/msd-seed.yaml"], ["autotune", "examples/moe-seed.yaml"]):
+                 ["run", "examples/msd-seed.yaml"], ["autotune", "examples/moe-seed.yaml"],
+                 ["bench", "examples/msd-seed.yaml", "--rows", "1,4"],
+                 ["autotune", "examples/msd-seed.yaml"],
+                 ["bench", "examples/moe-seed.yaml", "--tuning-db", str(db)]):
         proc = run_moegen(*args, cwd=ROOT)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "needs an NVIDIA GPU" in proc.stderr
     proc = run_moegen("bench", "examples/moe-seed.yaml", "--tokens", "1,x", cwd=ROOT)
     assert proc.returncode == 2 and "--tokens '1,x'" in proc.stderr
+    proc = run_moegen("bench", "examples/moe-seed.yaml", "--tuning-db", str(tmp_path / "no.json"),
+                      cwd=ROOT)
+    assert proc.returncode == 2 and "no.json: no such file" in proc.stderr

@@ -140,10 +140,10 @@ class TorchBaseline:
 
 
 def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
-              baseline: bool = True, log=print) -> list[dict]:
+              baseline: bool = True, log=print, tuning="auto") -> list[dict]:
     cp = _cupy()
     spec = load_spec(spec)
-    layer = MoeW4A16(spec)
+    layer = MoeW4A16(spec, tuning=tuning)
     m = spec.moe
     weights = random_packed(cp, layer)
     per_expert = expert_bytes(layer, weights)
@@ -192,7 +192,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     return rows
 
 
-def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
+def run_moe(spec, tokens: int, seed: int | None = None, log=print, tuning="auto") -> float:
     """One layer call on random data against the reference; returns the relative error."""
     from ... import reference
     from ...quant import quantize_int4
@@ -200,7 +200,7 @@ def run_moe(spec, tokens: int, seed: int | None = None, log=print) -> float:
     spec = load_spec(spec)
     m, g = spec.moe, spec.quant.group_size
     rng = np.random.default_rng(seed)
-    layer = MoeW4A16(spec)
+    layer = MoeW4A16(spec, tuning=tuning)
     w13_q, w13_s = quantize_int4(rng.standard_normal((m.num_experts, m.hidden_size,
                                                       2 * m.intermediate_size)) * 0.05, g)
     w2_q, w2_s = quantize_int4(rng.standard_normal((m.num_experts, m.intermediate_size,
@@ -237,7 +237,7 @@ def msd_variants(spec) -> dict:
     return out
 
 
-def _msd_ops(spec, log) -> dict:
+def _msd_ops(spec, log, tuning="auto") -> dict:
     from .runtime import MsdMatmul
     ops, built = {}, {}
     for name, v in msd_variants(spec).items():
@@ -247,13 +247,13 @@ def _msd_ops(spec, log) -> dict:
         sp, pipeline, schedule = v
         key = (sp.lowering, pipeline)
         if key not in built:
-            built[key] = MsdMatmul(sp, pipeline=pipeline)
+            built[key] = MsdMatmul(sp, pipeline=pipeline, tuning=tuning)
         ops[name] = (built[key], schedule)
     return ops
 
 
 def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int] | None = None,
-              log=print) -> list[dict]:
+              log=print, tuning="auto") -> list[dict]:
     """Per M in `rows` (default: the spec's): basic, preload (s8 and s4 MMA) and the dequant
     lowering against the int4 floor and fp16 cuBLAS (PyTorch), in one process on the same
     inputs."""
@@ -268,7 +268,7 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
     results = []
     for m in rows or [s.m]:
         sp = replace(spec, msd=replace(s, m=m))
-        ops = _msd_ops(sp, log)
+        ops = _msd_ops(sp, log, tuning)
         x = cp.asarray(rng.uniform(-3, 3, (m, s.k)).astype(np.float16))
         row = {"m": m, "n": s.n, "k": s.k, "floor_us": floor_us, "copy_gbps": bw / 1e9}
         packed = {}
@@ -295,7 +295,7 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
     return results
 
 
-def run_msd(spec, seed: int | None = None, log=print) -> float:
+def run_msd(spec, seed: int | None = None, log=print, tuning="auto") -> float:
     """Every variant on random data (drawn as the sample's generator draws) against its
     reference: `reference.msd_matmul` for MSD, `reference.dequant_matmul` for dequant."""
     from ... import reference
@@ -309,7 +309,7 @@ def run_msd(spec, seed: int | None = None, log=print) -> float:
     wants = {"msd": reference.msd_matmul(x, w, scale, g, s.steps, accumulate=np.float64),
              "dequant": reference.dequant_matmul(x, w, scale, g)}
     worst = 0.0
-    for name, (op, schedule) in _msd_ops(spec, log).items():
+    for name, (op, schedule) in _msd_ops(spec, log, tuning).items():
         want = wants[op.spec.lowering]
         y = cp.asnumpy(op(cp.asarray(x), op.pack(w), cp.asarray(scale), schedule=schedule))
         err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
