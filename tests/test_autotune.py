@@ -207,3 +207,18 @@ def test_short_msd_autotune_on_the_gpu(tmp_path):
     best = next(r["config"] for r in results if r["config"]["lowering"] == "msd")
     assert op.plan["tile"]["split_k"] == best["split_k"] and op.plan["tile"]["mma"] == best["mma"]
 
+
+
+def test_kernel_cache_key_covers_the_included_header():
+    """CuPy's disk cache keys on the code it is given: the header's hash must be in that code."""
+    import dataclasses
+
+    from moegen.targets.cuda.emitter import emit_moe
+    from moegen.targets.cuda.runtime import module_source
+    module, _, pm = lower(QWEN, "cuda")
+    program = emit_moe(QWEN, module, pm.pipeline, "sm_90")
+    code = module_source(program)
+    assert code.endswith(program.source) and code.startswith("// moegen_w4a16.cuh sha256 ")
+    changed = dataclasses.replace(program, header=program.header + "\n// one more line\n")
+    assert module_source(changed) != code
+    assert module_source(dataclasses.replace(program)) == code      # same inputs, same key

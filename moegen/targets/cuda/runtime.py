@@ -16,7 +16,7 @@ import numpy as np
 from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...resources import data_dir
 from ...spec import load_spec
-from .emitter import CudaProgram, emit_moe, max_blocks
+from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
 from .layout import gate_up_columns, pack_weights
 
 
@@ -50,17 +50,26 @@ def device_arch() -> str:
 _MODULES: dict[str, object] = {}
 
 
+def module_source(program: CudaProgram) -> str:
+    """The code handed to NVRTC: the program's source with the hash of the device header it
+    includes on its first line. CuPy's on-disk kernel cache keys on the code and options only,
+    not on included files, so without this line a changed header would load a stale binary."""
+    digest = hashlib.sha256(program.header.encode()).hexdigest()[:16]
+    return f"// {HEADER_FILE} sha256 {digest}\n{program.source}"
+
+
 def compile_program(program: CudaProgram, arch: str, stem: str):
-    """CuPy RawModule of the program's source, for `arch`; failures name the source and options."""
+    """CuPy RawModule of the program's source, for `arch`; failures name the source and options.
+    Cached in this process (by code and options) and across processes by CuPy's disk cache."""
     cp = _cupy()
     include = data_dir("templates") / "cuda"
     options = ("--std=c++17", f"--gpu-architecture={arch}", f"-I{include}")
-    header = (include / "moegen_w4a16.cuh").read_text()
-    key = hashlib.sha256("\0".join((program.source, header, *options)).encode()).hexdigest()
+    code = module_source(program)
+    key = hashlib.sha256("\0".join((code, *options)).encode()).hexdigest()
     if key in _MODULES:
         return _MODULES[key]
     try:
-        module = cp.RawModule(code=program.source, options=options)
+        module = cp.RawModule(code=code, options=options)
         for k in program.plan["kernels"]:      # compile now, inside the try
             module.get_function(k["name"])
         _MODULES[key] = module
