@@ -55,14 +55,6 @@ __device__ __forceinline__ void mma_s4_16864(int c[4], const unsigned a[4], unsi
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-  // weights are read once: do not keep them in L1
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // cp.async: 16-byte copies global -> shared that complete in groups, without registers. `.cg`
 // keeps them out of L1; the zero-fill form copies `bytes` (0 or 16) and zeroes the rest.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -164,10 +156,6 @@ __device__ __forceinline__ void mma_s4_as_s8(int c[4], const unsigned a[4], unsi
   const unsigned lo[4] = {ae[0], ae[1], ao[0], ao[1]}, hi[4] = {ae[2], ae[3], ao[2], ao[3]};
   mma_s8_16832(c, lo, be0, bo0);
   mma_s8_16832(c, hi, be1, bo1);
-}
-
-__device__ __forceinline__ unsigned ld_u32_or_zero(const half* row, int col) {
-  return row ? *reinterpret_cast<const unsigned*>(row + col) : 0u;
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
