@@ -129,7 +129,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
                     for x in schedules],
         "workspace": {"partials_floats": tile["split_k"] * s.m * s.n if tile["split_k"] > 1 else 0,
                       "counters": -(-s.n // block_n) if tile["split_k"] > 1 else 0},
-        "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (mma.sync m16n8k64 s4 B)"},
+        "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (the B fragments of mma.sync "
+                               "m16n8k64 s4; the s8 kernels widen them in registers)"},
     }
     return source, plan
 
