@@ -87,3 +87,32 @@ def test_nvcc_compiles_the_largest_expert_count(tmp_path):
     assert all(a == "0" for a in re.findall(r"(\d+) bytes spill stores", proc.stderr))
     smem = [int(s) for s in re.findall(r"(\d+) bytes smem", proc.stderr)]
     assert smem and max(smem) <= 48 * 1024
+
+
+MSD_VARIANTS = [  # (spec msd, group, lowering, pipeline): what generated/cuda/msd-seed does not hold
+    ({"m": 64, "n": 1000, "k": 1024, "steps": 3}, 128, "msd", None),
+    ({"m": 5, "n": 4096, "k": 4096, "steps": 2}, 64, "msd", None),
+    ({"m": 16, "n": 11008, "k": 4096, "steps": 1}, 128, "msd", "tile{mma=s4,block-n=32},schedule,alloc"),
+    ({"m": 1, "n": 12288, "k": 8192, "steps": 3}, 128, "dequant", None),
+    ({"m": 64, "n": 1000, "k": 1024, "steps": 3}, 128, "dequant", None),
+]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("msd,group,lowering,pipeline", MSD_VARIANTS,
+                         ids=[f"{v[2]}-m{v[0]['m']}-g{v[1]}{'-' + v[3][5:13] if v[3] else ''}"
+                              for v in MSD_VARIANTS])
+def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeline):
+    spec = moegen.load_spec({"name": "v", "pipeline": "msd_matmul", "msd": msd,
+                             "quant": {"bits": 4, "group_size": group, "symmetric": True},
+                             "lowering": lowering, "targets": {"cuda": {}}})
+    files = emit(spec, "cuda", pipeline)
+    (tmp_path / "v.cu").write_text(files["v.cu"])
+    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
+    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-Werror",
+           "all-warnings", str(tmp_path / "v.cu"), "-o", str(tmp_path / "k.cubin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), proc.stderr

@@ -168,7 +168,7 @@ class TilePass(Pass):
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
-        "split-k": Option(int, None, "K splits at decode sizes"),
+        "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
     }
