@@ -411,7 +411,9 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
         try:
             op = MsdMatmul(replace(spec, lowering=cfg.lowering), pipeline=cfg.pipeline(),
                            tuning=None)
-            pw = packed.setdefault(cfg.lowering, op.pack(w))
+            if cfg.lowering not in packed:     # the layout does not depend on the tile: pack once
+                packed[cfg.lowering] = op.pack(w)
+            pw = packed[cfg.lowering]
             for schedule in op.schedules:
                 op.out.fill(np.float16(np.nan))          # poisoned: unwritten outputs fail
                 y = cp.asnumpy(op(xd, pw, sd, schedule=schedule)).astype(np.float64)
