@@ -4,10 +4,11 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 64 output columns and 16 of the 64 groups along K (4 CTAs add their partial
-// sums in a fixed order), four warps in the roles of the schedule pass: warps 0 and 1
-// are the two vector units (unfold A: A_max and the int4 slices of each row; merge: int32 Y ->
-// fp32 accumulators), warps 2 and 3 the matrix unit (mma.sync m16n8k32 s8 x s8 on widened int4 -> s32).
+// One CTA per 64 output columns and 16 of the 64 groups of K; the 4 CTAs along K add
+// their partial sums in a fixed order. Four warps in the roles of the schedule pass: warps 0
+// and 1 are the two vector units (unfold A: A_max and the int4 slices of each row; merge:
+// int32 Y -> fp32 accumulators), warps 2 and 3 the matrix unit
+// (mma.sync m16n8k32 s8 x s8 on int4 widened in registers -> s32).
 // The units meet through the schedule's flags, exactly where its action lists say: each flag is
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
