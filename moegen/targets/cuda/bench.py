@@ -267,7 +267,9 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
     floor_us = (s.k * s.n / 2 + scale.nbytes) / bw * 1e6
     results = []
     for m in rows or [s.m]:
-        sp = replace(spec, msd=replace(s, m=m))
+        # another M is another spec: named apart, so a tuning entry of the spec's own M is
+        # neither applied to it nor reported as stale
+        sp = spec if m == s.m else replace(spec, name=f"{spec.name}-m{m}", msd=replace(s, m=m))
         ops = _msd_ops(sp, log, tuning)
         x = cp.asarray(rng.uniform(-3, 3, (m, s.k)).astype(np.float16))
         row = {"m": m, "n": s.n, "k": s.k, "floor_us": floor_us, "copy_gbps": bw / 1e9}
