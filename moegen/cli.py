@@ -126,12 +126,16 @@ def cmd_bench(args) -> int:
     tuning = _run_tuning(args)
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import bench_msd
+        if args.pass_pipeline:
+            raise UsageError("--pass-pipeline: an msd_matmul bench times its fixed variants "
+                             "(basic, preload, s4, dequant); set tile options in a tuning "
+                             "database instead")
         rows = _token_list(args.rows) if args.rows else [spec.msd.m]
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
-         not args.no_baseline, tuning=tuning)
+         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline)
     return 0
 
 
@@ -253,6 +257,9 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
     s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "
                    "(default: the spec's msd.m)")
+    s.add_argument("--pass-pipeline", metavar="PIPELINE", help="moe_w4a16 specs: time the "
+                   "layer built by these passes, e.g. 'fuse-align,fuse-swiglu,"
+                   "tile{block-k=32},alloc' (default: the target's pipeline)")
     s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
                    "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")

@@ -94,6 +94,23 @@ def test_group_sizes_and_odd_columns(rng):
             assert rel_err(got, want) <= 2e-3, (g, h, i, t)
 
 
+BLOCK_K32 = "fuse-align,fuse-swiglu,tile{block-k=32},alloc"
+
+
+@pytest.mark.parametrize("h,i,e,k,g", [(1024, 512, 8, 2, 128), (2048, 768, 128, 8, 128),
+                                       (4096, 1408, 64, 1, 128), (256, 128, 8, 2, 64)])
+def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
+    """tile{block-k=32}: the same layer with two k16 steps in each cp.async ring stage."""
+    layer = layer_for(moe_spec(h, i, e, k, tokens_max=1024, group=g), pipeline=BLOCK_K32)
+    assert "block_k = 32" in layer.program.ir
+    host = moe_weights(rng, e, h, i, g)
+    packed = layer.pack(*host)
+    for t in (1, 16, 33, 222, 1024):
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
 def test_unfused_swiglu(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
     assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]

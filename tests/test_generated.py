@@ -116,3 +116,21 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert spills and all(a == "0" and b == "0" for a, b in spills), proc.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_compiles_two_k16_steps_per_stage(tmp_path, arch):
+    """tile{block-k=32} for the largest example: builds, no spills, rings within 48 KB."""
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{block-k=32},alloc")
+    (tmp_path / "m.cu").write_text(files["mixtral-8x7b.cu"])
+    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
+    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-Werror",
+           "all-warnings", str(tmp_path / "m.cu"), "-o", str(tmp_path / "k.cubin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), proc.stderr
+    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    assert smem and max(smem) <= 48 * 1024

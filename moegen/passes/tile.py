@@ -11,8 +11,10 @@ MoE (`moe_w4a16`):
   (T * top_k / E > 8, e.g. Mixtral at T = 64) takes the next power of two up to 32, so each
   expert's weights are read by one block instead of several. A spec with `moe.block_size` or
   the option ``moe-block=N`` uses that block in every bucket.
-- GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, warps, stages, split_k}``:
-  64 columns per CTA (the packed weight tile), 4 warps splitting the CTA's K range; stages is
+- GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``:
+  64 columns per CTA (the packed weight tile), k per ring stage (16; block-k=32 puts two k16
+  steps in each stage: fewer waits and barriers per byte), 4 warps splitting the CTA's K
+  range; stages is
   one entry per bucket: each warp streams its k16 steps through a cp.async ring of that many
   shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass 48 KB:
   block 32 -> 5, 64 -> 3); split_k is one entry per bucket: in a
@@ -48,10 +50,10 @@ from .manager import Context, Option, Pass, PipelineError
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
 PREFILL_BLOCK = 32
-GEMM_TILE = {"block_n": 64, "warps": 4, "stages": 8}
+GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
-RING_ROW_BYTES = 48         # one staged activation row of a k16 step (32 bytes + padding)
-RING_FIXED_BYTES = 512 + 128   # one stage's weights (32 lanes x 16 B) and scales (8 x 16 B)
+RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
+RING_SCALE_BYTES = 128      # one stage's scales (8 x 16 B); weights are 32 lanes x 16 B per k16
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
@@ -100,17 +102,18 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
         return 1
     split = 1
     while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
-           and (k_dim // 16) % (split * 2 * tile["warps"]) == 0):
+           and (k_dim // 16) % (split * 2 * tile["warps"] * tile["block_k"] // 16) == 0):
         split *= 2
     return split
 
 
-def gemm_stages(block: int, warps: int, most: int) -> int:
+def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, scales and the block's rows padded to m16)
     would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
     8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower at decode sizes.)"""
-    stage = RING_FIXED_BYTES + align_up(block, 16) * RING_ROW_BYTES
+    ks = block_k // 16
+    stage = 512 * ks + RING_SCALE_BYTES + align_up(block, 16) * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
@@ -165,6 +168,7 @@ class TilePass(Pass):
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
         "block-n": Option(int, None, "columns per CTA (MoE: the packed tile, 64; MSD: 32 or 64)",
                           choices=(32, 64)),
+        "block-k": Option(int, None, "MoE: k per copy-ring stage (16 or 32)", choices=(16, 32)),
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
@@ -205,21 +209,29 @@ class TilePass(Pass):
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 tile["warps"] = fit_warps(k_dim, tile["warps"])
+                ks = tile["block_k"] // 16          # k16 steps per ring stage
+                if (k_dim // 16) % (tile["warps"] * ks) or spec.quant.group_size % tile["block_k"]:
+                    raise PipelineError(f"tile{{block-k={tile['block_k']}}}: K = {k_dim} over "
+                                        f"{tile['warps']} warps, or the group "
+                                        f"{spec.quant.group_size}, is not a whole number of "
+                                        f"{tile['block_k']}-deep stages")
                 down = bool(op.attr("mul_topk_weights"))
                 split = self.option("split-k-down") if down and self.option("split-k-down") \
                     else self.option("split-k")
-                if split and (k_dim // 16) % (split * tile["warps"]):
+                if split and (k_dim // 16) % (split * tile["warps"] * ks):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
-                                     f"{split} x {tile['warps']} warps of k16 steps")
+                                     f"{split} x {tile['warps']} warps of {tile['block_k']}-deep "
+                                     "stages")
                 most = tile.pop("stages")
                 tuned_most = ([b[3] if len(b) > 3 and self.option("stages") is None else most
                                for b in tuned_buckets] if tuned_buckets else [most] * len(buckets))
-                tile["stages"] = [gemm_stages(block, tile["warps"], m)
+                tile["stages"] = [gemm_stages(block, tile["warps"], m, tile["block_k"])
                                   for (_, block), m in zip(buckets, tuned_most)]
                 if tuned_buckets:   # [edge, block, split, stages, split of the down GEMM]
                     tile["split_k"] = [b[4] if down and len(b) > 4 else b[2]
                                        for b in tuned_buckets]
-                    bad = [s for s in tile["split_k"] if (k_dim // 16) % (s * tile["warps"])]
+                    bad = [s for s in tile["split_k"]
+                           if (k_dim // 16) % (s * tile["warps"] * ks)]
                     if bad:
                         raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "
                                             f"K = {k_dim} over {tile['warps']} warps")

@@ -174,15 +174,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
-// K ranges; its WARPS warps split that range. Each warp streams its k16 steps through its own
-// ring of STAGES shared-memory stages filled by cp.async (weights, the group's scales and the
-// block's activation rows), STAGES - 1 steps ahead of the tensor cores, so a warp keeps several
-// KB in flight without holding them in registers. Partial sums meet in shared memory in warp
-// order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them in split
+// K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
+// through its own ring of STAGES shared-memory stages filled by cp.async (weights, the group's
+// scales and the block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a
+// warp keeps several KB in flight without holding them in registers. Partial sums meet in
+// shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them in split
 // order: deterministic. DENSE: rows are the activation rows themselves (one expert, no routing)
 // and the scales come as [K/G, NOUT] fp16, unpacked.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
-          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
+          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
 __device__ __forceinline__ void grouped_gemm(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -192,12 +192,15 @@ __device__ __forceinline__ void grouped_gemm(
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
   constexpr int WARP_STEPS = CTA_STEPS / WARPS;
-  static_assert(KSTEPS % (SPLIT * WARPS) == 0, "K must split evenly over CTAs and warps");
+  constexpr int WARP_ITERS = WARP_STEPS / KS;    // ring stages a warp goes through
+  static_assert(KSTEPS % (SPLIT * WARPS * KS) == 0, "K must split evenly over CTAs, warps, stages");
+  static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
   constexpr int ROWS = MT * 16;
-  // one ring stage: weights (32 lanes x 16 B), the 64 columns' scales (8 x 16 B), then the
-  // activation rows, 32 bytes of k each, padded to 48 so fragment reads hit 32 distinct banks
-  constexpr int W_BYTES = 512, S_BYTES = 128, A_ROW = 48;
+  // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), the 64 columns' scales
+  // (8 x 16 B), then the activation rows, 32 KS bytes of k each, padded by 16 so fragment reads
+  // hit 32 distinct banks
+  constexpr int W_BYTES = 512 * KS, S_BYTES = 128, A_ROW = 32 * KS + 16;
   constexpr int STAGE_BYTES = W_BYTES + S_BYTES + ROWS * A_ROW;
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
@@ -216,13 +219,15 @@ __device__ __forceinline__ void grouped_gemm(
     return r < BLOCK ? sorted_ids[blk * BLOCK + r] : num_slots;
   };
 
-  // the activation rows this lane copies: 16-byte chunk q * 32 + lane = row q * 16 + lane / 2,
-  // half lane % 2 of the row's 32 bytes of each k16 step
-  const half* copy_row[MT];
+  // the activation rows this lane copies: a row is CHUNKS 16-byte chunks per stage, so chunk
+  // q * 32 + lane is part lane % CHUNKS of row q * (32 / CHUNKS) + lane / CHUNKS
+  constexpr int CHUNKS = 2 * KS, COPIES = MT * KS;
+  const half* copy_row[COPIES];
 #pragma unroll
-  for (int q = 0; q < MT; ++q) {
-    const int slot = slot_of(q * 16 + lane / 2);
-    copy_row[q] = slot < num_slots ? a + (size_t)(slot / ROW_DIV) * KDIM + 8 * (lane % 2) : nullptr;
+  for (int q = 0; q < COPIES; ++q) {
+    const int slot = slot_of(q * (32 / CHUNKS) + lane / CHUNKS);
+    copy_row[q] = slot < num_slots ? a + (size_t)(slot / ROW_DIV) * KDIM + 8 * (lane % CHUNKS)
+                                   : nullptr;
   }
 
   float acc[MT][8][4];
@@ -237,10 +242,12 @@ __device__ __forceinline__ void grouped_gemm(
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   const uint4* sp = scales + ((size_t)expert * (KDIM / G) * NTILES + tile) * 8 + lane;
   unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
-  auto issue = [&](int i) {            // copy step i of this warp into its stage
+  auto issue = [&](int i) {            // copy the k16 steps of iteration i into its stage
     unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
-    const int step = step0 + i;
-    cp_async16(st + lane * 16, wp + (size_t)step * NTILES * 32);
+    const int step = step0 + i * KS;
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub)
+      cp_async16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
     if (lane < 8) {
       if constexpr (DENSE) {   // scales [K/G, NOUT] as given: 8 columns per 16-byte chunk
         const int col = tile * 64 + lane * 8;
@@ -251,24 +258,28 @@ __device__ __forceinline__ void grouped_gemm(
       }
     }
 #pragma unroll
-    for (int q = 0; q < MT; ++q) {
-      unsigned char* dst = st + W_BYTES + S_BYTES + (q * 16 + lane / 2) * A_ROW + 16 * (lane % 2);
+    for (int q = 0; q < COPIES; ++q) {
+      unsigned char* dst = st + W_BYTES + S_BYTES +
+                           (q * (32 / CHUNKS) + lane / CHUNKS) * A_ROW + 16 * (lane % CHUNKS);
       if (copy_row[q]) cp_async16(dst, copy_row[q] + step * 16);
       else cp_async16_zfill(dst, a, 0u);            // padding row: zeros
     }
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < WARP_STEPS) issue(s);
+    if (s < WARP_ITERS) issue(s);
     cp_async_commit();
   }
 
   const int kq = 2 * (lane % 4);
-  for (int i = 0; i < WARP_STEPS; ++i) {
-    cp_async_wait<STAGES - 2>();           // step i has landed (for this lane's copies) ...
+  for (int i = 0; i < WARP_ITERS; ++i) {
+    cp_async_wait<STAGES - 2>();           // stage i has landed (for this lane's copies) ...
     __syncwarp();                          // ... and for the whole warp's
     const unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
-    const uint4 wv = *reinterpret_cast<const uint4*>(st + lane * 16);
+    uint4 wv[KS];
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub)
+      wv[sub] = *reinterpret_cast<const uint4*>(st + sub * 512 + lane * 16);
     uint4 scale8;                          // the scales of n8 tiles 0..7 at column lane / 4
     if constexpr (DENSE) {
       const half* col_sc = reinterpret_cast<const half*>(st + W_BYTES) + lane / 4;
@@ -278,35 +289,41 @@ __device__ __forceinline__ void grouped_gemm(
     } else {
       scale8 = *reinterpret_cast<const uint4*>(st + W_BYTES + (lane / 4) * 16);
     }
-    unsigned afr[MT][4];
+    unsigned afr[KS][MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const unsigned char* r0 = st + W_BYTES + S_BYTES + (mt * 16 + lane / 4) * A_ROW + 2 * kq;
-      afr[mt][0] = *reinterpret_cast<const unsigned*>(r0);
-      afr[mt][1] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW);
-      afr[mt][2] = *reinterpret_cast<const unsigned*>(r0 + 16);
-      afr[mt][3] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW + 16);
-    }
-    __syncwarp();                          // every lane has read the stage refilled next
-    if (i + STAGES - 1 < WARP_STEPS) issue(i + STAGES - 1);
-    cp_async_commit();
-    const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
-    const half2* sc = reinterpret_cast<const half2*>(&scale8);   // scales of n8 tiles 0..7
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {          // word q: n8 tiles 2q and 2q + 1
-      half2 b[4];
-      dequant8(words[q], b);
-      const half2 scale0 = __half2half2(sc[q].x), scale1 = __half2half2(sc[q].y);
-      b[0] = __hmul2(b[0], scale0);
-      b[1] = __hmul2(b[1], scale0);
-      b[2] = __hmul2(b[2], scale1);
-      b[3] = __hmul2(b[3], scale1);
+    for (int sub = 0; sub < KS; ++sub)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma_16816(acc[mt][2 * q], afr[mt], *reinterpret_cast<unsigned*>(&b[0]),
-                  *reinterpret_cast<unsigned*>(&b[1]));
-        mma_16816(acc[mt][2 * q + 1], afr[mt], *reinterpret_cast<unsigned*>(&b[2]),
-                  *reinterpret_cast<unsigned*>(&b[3]));
+        const unsigned char* r0 =
+            st + W_BYTES + S_BYTES + (mt * 16 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
+        afr[sub][mt][0] = *reinterpret_cast<const unsigned*>(r0);
+        afr[sub][mt][1] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW);
+        afr[sub][mt][2] = *reinterpret_cast<const unsigned*>(r0 + 16);
+        afr[sub][mt][3] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW + 16);
+      }
+    __syncwarp();                          // every lane has read the stage refilled next
+    if (i + STAGES - 1 < WARP_ITERS) issue(i + STAGES - 1);
+    cp_async_commit();
+    const half2* sc = reinterpret_cast<const half2*>(&scale8);   // scales of n8 tiles 0..7
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub) {
+      const unsigned words[4] = {wv[sub].x, wv[sub].y, wv[sub].z, wv[sub].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {        // word q: n8 tiles 2q and 2q + 1
+        half2 b[4];
+        dequant8(words[q], b);
+        const half2 scale0 = __half2half2(sc[q].x), scale1 = __half2half2(sc[q].y);
+        b[0] = __hmul2(b[0], scale0);
+        b[1] = __hmul2(b[1], scale0);
+        b[2] = __hmul2(b[2], scale1);
+        b[3] = __hmul2(b[3], scale1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(acc[mt][2 * q], afr[sub][mt], *reinterpret_cast<unsigned*>(&b[0]),
+                    *reinterpret_cast<unsigned*>(&b[1]));
+          mma_16816(acc[mt][2 * q + 1], afr[sub][mt], *reinterpret_cast<unsigned*>(&b[2]),
+                    *reinterpret_cast<unsigned*>(&b[3]));
+        }
       }
     }
   }

@@ -140,10 +140,11 @@ class TorchBaseline:
 
 
 def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
-              baseline: bool = True, log=print, tuning="auto") -> list[dict]:
+              baseline: bool = True, log=print, tuning="auto",
+              pipeline: str | None = None) -> list[dict]:
     cp = _cupy()
     spec = load_spec(spec)
-    layer = MoeW4A16(spec, tuning=tuning)
+    layer = MoeW4A16(spec, pipeline=pipeline, tuning=tuning)
     m = spec.moe
     weights = random_packed(cp, layer)
     per_expert = expert_bytes(layer, weights)

@@ -42,6 +42,7 @@ class GemmPlan:
     perm_gate_up: bool
     mul_weights: bool
     warps: int
+    ks: int              # k16 steps per copy-ring stage
     variants: list[dict] = field(default_factory=list)   # per bucket: block, split, kernel
 
 
@@ -72,7 +73,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
             row_div=int(op.attr("topk")), epilogue=epi, perm_gate_up=gate_up,
-            mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"])
+            mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"],
+            ks=tile["block_k"] // 16)
         for (edge, block), split, stages in zip(op.attrs["block_buckets"], tile["split_k"],
                                                 tile["stages"]):
             kernel = f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
