@@ -218,7 +218,7 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     each GEMM that divides its K steps over its warps (split-K only for decode sizes, T <= 64,
     where some SMs would otherwise idle), and ring depths 2, 4, 8 (the tile pass lowers a depth
     that does not fit shared memory, so such candidates are left out as duplicates)."""
-    from .passes.tile import GEMM_TILE, fit_warps, gemm_stages
+    from .passes.tile import GEMM_TILE, fit_warps, gemm_stages, splits_evenly
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -228,7 +228,7 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
               else [b for b in MOE_BLOCK_CHOICES if b <= useful])
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
     def fits(k: int, split: int) -> bool:
-        return (k // 16) % (split * fit_warps(k, GEMM_TILE["warps"])) == 0
+        return splits_evenly(k, split, fit_warps(k, GEMM_TILE["warps"]))
 
     out = []
     for b in blocks:
@@ -262,7 +262,7 @@ class MsdConfig:
 def msd_config_space(spec: Spec) -> list[MsdConfig]:
     """msd: MMA s8/s4 x 32/64 columns x split-K over whole groups (2+ per CTA); dequant: split-K
     over k16 steps of its warps, where its shape rule allows the lowering at all."""
-    from .passes.tile import fit_warps
+    from .passes.tile import fit_warps, splits_evenly
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
@@ -270,7 +270,7 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
            for sp in splits]
     if s.n % 8 == 0:
         w = fit_warps(s.k, 4)
-        out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if (s.k // 16) % (sp * w) == 0]
+        out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if splits_evenly(s.k, sp, w)]
     return out
 
 

@@ -96,15 +96,26 @@ def bucket_floor(buckets: list[list[int]], index: int) -> int:
     return 1 if index == 0 else buckets[index - 1][0] + 1
 
 
+def splits_evenly(k_dim: int, split: int, warps: int, block_k: int = 16) -> bool:
+    """Whether K's k16 steps divide over `split` CTAs x `warps` warps x block_k/16 per stage."""
+    return (k_dim // 16) % (split * warps * (block_k // 16)) == 0
+
+
+def doubled_split(tiles: int, ctas_per_sm: int, allowed) -> int:
+    """A K split: doubled while `tiles` x split stays within `ctas_per_sm` CTAs on every SM and
+    `allowed(split)` holds for the doubled split."""
+    split = 1
+    while tiles * split * 2 <= ctas_per_sm * SM_COUNT and allowed(split * 2):
+        split *= 2
+    return split
+
+
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     tiles = active_experts * -(-n // tile["block_n"])
     if tiles >= SM_COUNT:      # every SM has a tile already: splitting only adds a reduction
         return 1
-    split = 1
-    while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
-           and (k_dim // 16) % (split * 2 * tile["warps"] * tile["block_k"] // 16) == 0):
-        split *= 2
-    return split
+    return doubled_split(tiles, CTAS_PER_SM, lambda sp: splits_evenly(
+        k_dim, sp, tile["warps"], tile["block_k"]))
 
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
@@ -126,20 +137,13 @@ def msd_x_stages(m: int, group: int) -> int:
 def msd_split_k(groups: int, col_blocks: int) -> int:
     """CTAs along K for the MSD kernel: doubled while about MSD_CTAS_PER_SM CTAs per SM are not
     yet busy, each keeping at least two whole groups."""
-    split = 1
-    while (col_blocks * split * 2 <= MSD_CTAS_PER_SM * SM_COUNT and groups % (split * 2) == 0
-           and groups // (split * 2) >= 2):
-        split *= 2
-    return split
+    return doubled_split(col_blocks, MSD_CTAS_PER_SM,
+                         lambda sp: groups % sp == 0 and groups // sp >= 2)
 
 
 def dense_split_k(k_dim: int, tiles: int, warps: int) -> int:
     """K splits for a dense GEMM of `tiles` output tiles: until about four CTAs per SM."""
-    split = 1
-    while (split * 2 * tiles <= CTAS_PER_SM * SM_COUNT
-           and (k_dim // 16) % (split * 2 * warps) == 0):
-        split *= 2
-    return split
+    return doubled_split(tiles, CTAS_PER_SM, lambda sp: splits_evenly(k_dim, sp, warps))
 
 
 def fit_warps(k_dim: int, warps: int) -> int:
@@ -209,8 +213,8 @@ class TilePass(Pass):
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 tile["warps"] = fit_warps(k_dim, tile["warps"])
-                ks = tile["block_k"] // 16          # k16 steps per ring stage
-                if (k_dim // 16) % (tile["warps"] * ks) or spec.quant.group_size % tile["block_k"]:
+                if (not splits_evenly(k_dim, 1, tile["warps"], tile["block_k"])
+                        or spec.quant.group_size % tile["block_k"]):
                     raise PipelineError(f"tile{{block-k={tile['block_k']}}}: K = {k_dim} over "
                                         f"{tile['warps']} warps, or the group "
                                         f"{spec.quant.group_size}, is not a whole number of "
@@ -218,7 +222,7 @@ class TilePass(Pass):
                 down = bool(op.attr("mul_topk_weights"))
                 split = self.option("split-k-down") if down and self.option("split-k-down") \
                     else self.option("split-k")
-                if split and (k_dim // 16) % (split * tile["warps"] * ks):
+                if split and not splits_evenly(k_dim, split, tile["warps"], tile["block_k"]):
                     raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
                                      f"{split} x {tile['warps']} warps of {tile['block_k']}-deep "
                                      "stages")
@@ -231,7 +235,7 @@ class TilePass(Pass):
                     tile["split_k"] = [b[4] if down and len(b) > 4 else b[2]
                                        for b in tuned_buckets]
                     bad = [s for s in tile["split_k"]
-                           if (k_dim // 16) % (s * tile["warps"] * ks)]
+                           if not splits_evenly(k_dim, s, tile["warps"], tile["block_k"])]
                     if bad:
                         raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "
                                             f"K = {k_dim} over {tile['warps']} warps")
@@ -259,7 +263,7 @@ class TilePass(Pass):
             warps = fit_warps(s.k, self.option("warps", 4))
             tiles = -(-s.m // block) * -(-s.n // 64)
             split = self.option("split-k", tuned.get("split_k") or dense_split_k(s.k, tiles, warps))
-            if (s.k // 16) % (split * warps):
+            if not splits_evenly(s.k, split, warps):
                 raise PipelineError(f"tile{{split-k={split}}}: K = {s.k} does not split into "
                                     f"{split} x {warps} warps of k16 steps")
             loop.attrs["tile"] = {"block": block, "block_n": 64, "warps": warps,

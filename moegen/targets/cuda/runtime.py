@@ -50,6 +50,14 @@ def device_arch() -> str:
 _MODULES: dict[str, object] = {}
 
 
+def resolve_tuning(tuning):
+    """A layer's `tuning=`: "auto" is the database at its default place, if there is one."""
+    if tuning != "auto":
+        return tuning
+    from ...autotune import tuning_for
+    return tuning_for()
+
+
 def module_source(program: CudaProgram) -> str:
     """The code handed to NVRTC: the program's source with the hash of the device header it
     includes on its first line. CuPy's on-disk kernel cache keys on the code and options only,
@@ -145,9 +153,7 @@ class MoeW4A16:
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
                  arch: str | None = None, tuning="auto"):
         cp = _cupy()
-        if tuning == "auto":   # the tuning database at its default place, if there is one
-            from ...autotune import tuning_for
-            tuning = tuning_for()
+        tuning = resolve_tuning(tuning)
         self.spec = load_spec(spec)
         if self.spec.pipeline != "moe_w4a16":
             raise ValueError(f"MoeW4A16 needs pipeline moe_w4a16, the spec has "
@@ -304,10 +310,7 @@ class MsdMatmul:
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
                              f"{self.spec.pipeline}")
-        if tuning == "auto":   # the tuning database at its default place, if there is one
-            from ...autotune import tuning_for
-            tuning = tuning_for()
-        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning)
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=resolve_tuning(tuning))
         self.arch = arch or device_arch()
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
