@@ -52,18 +52,35 @@ def test_launch_plan():
 NVCC = shutil.which("nvcc")
 
 
+def nvcc_build(source, out_dir, arch="sm_90", werror=True) -> str:
+    """nvcc -cubin with ptxas statistics; asserts it builds and returns the log."""
+    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+           *(["-Werror", "all-warnings"] if werror else []), str(source),
+           "-o", str(out_dir / "k.cubin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    return proc.stderr
+
+
+def assert_no_spills(log: str) -> None:
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), log
+
+
+def write_emitted(files: dict, stem: str, out_dir) -> object:
+    """The .cu of `files` (as `emit` returns them) and its header into out_dir; the .cu path."""
+    (out_dir / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
+    src = out_dir / f"{stem}.cu"
+    src.write_text(files[f"{stem}.cu"])
+    return src
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)
 def test_nvcc_compiles_without_spills(tmp_path, name, arch):
-    folder = GENERATED / "cuda" / name
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-Werror",
-           "all-warnings", str(folder / f"{name}.cu"), "-o", str(tmp_path / "k.cubin")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
-    log = proc.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills and all(a == "0" and b == "0" for a, b in spills), log
+    log = nvcc_build(GENERATED / "cuda" / name / f"{name}.cu", tmp_path, arch)
+    assert_no_spills(log)
     stacks = re.findall(r"(\d+) bytes stack frame", log)
     assert all(s == "0" for s in stacks), log
     assert "warning" not in log.lower(), log
@@ -76,16 +93,9 @@ def test_nvcc_compiles_the_largest_expert_count(tmp_path):
                              "moe": {"hidden_size": 1024, "intermediate_size": 256,
                                      "num_experts": 512, "top_k": 8},
                              "targets": {"cuda": {}}})
-    src = tmp_path / "e512.cu"
-    files = emit(spec, "cuda")
-    src.write_text(files["e512.cu"])
-    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
-    cmd = [NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", str(src), "-o",
-           str(tmp_path / "k.cubin")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert all(a == "0" for a in re.findall(r"(\d+) bytes spill stores", proc.stderr))
-    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    log = nvcc_build(write_emitted(emit(spec, "cuda"), "e512", tmp_path), tmp_path, werror=False)
+    assert all(a == "0" for a in re.findall(r"(\d+) bytes spill stores", log))
+    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", log)]
     assert smem and max(smem) <= 48 * 1024
 
 
@@ -107,15 +117,8 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
     spec = moegen.load_spec({"name": "v", "pipeline": "msd_matmul", "msd": msd,
                              "quant": {"bits": 4, "group_size": group, "symmetric": True},
                              "lowering": lowering, "targets": {"cuda": {}}})
-    files = emit(spec, "cuda", pipeline)
-    (tmp_path / "v.cu").write_text(files["v.cu"])
-    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-Werror",
-           "all-warnings", str(tmp_path / "v.cu"), "-o", str(tmp_path / "k.cubin")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
-    assert spills and all(a == "0" and b == "0" for a, b in spills), proc.stderr
+    src = write_emitted(emit(spec, "cuda", pipeline), "v", tmp_path)
+    assert_no_spills(nvcc_build(src, tmp_path, arch))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -124,13 +127,7 @@ def test_nvcc_compiles_two_k16_steps_per_stage(tmp_path, arch):
     """tile{block-k=32} for the largest example: builds, no spills, rings within 48 KB."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{block-k=32},alloc")
-    (tmp_path / "m.cu").write_text(files["mixtral-8x7b.cu"])
-    (tmp_path / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-Werror",
-           "all-warnings", str(tmp_path / "m.cu"), "-o", str(tmp_path / "k.cubin")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
-    assert spills and all(a == "0" and b == "0" for a, b in spills), proc.stderr
-    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    log = nvcc_build(write_emitted(files, "mixtral-8x7b", tmp_path), tmp_path, arch)
+    assert_no_spills(log)
+    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", log)]
     assert smem and max(smem) <= 48 * 1024
