@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -297,12 +298,36 @@ def same_tile(a: MoeConfig, b: MoeConfig, warps: int) -> bool:
         gemm_stages(b.moe_block, warps, b.stages))
 
 
+def _candidates(space: list, label: str, start: float, budget_s: float | None, log):
+    """The candidates of one sweep, under a progress bar; stops once the budget is spent."""
+    for i, cfg in enumerate(space):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
+            break
+        bar = "#" * (20 * (i + 1) // len(space))
+        print(f"\r  {label} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+        yield cfg
+    print(file=sys.stderr)
+
+
+def _check(cp, out, call, want) -> None:
+    """Poison `out`, run `call`, and raise unless its result is within 2e-3 of `want`."""
+    import numpy as np
+    out.fill(np.float16(np.nan))                 # unwritten outputs fail
+    y = cp.asnumpy(call()).astype(np.float64)
+    err = np.linalg.norm(y - want) / np.linalg.norm(want)
+    if not err <= 2e-3:                          # NaN fails too
+        raise ValueError(f"relative error {err:.2e}")
+
+
+def _scored_infinite(cfg, exc: Exception, log) -> None:
+    log(f"\n  {cfg}: scored infinite ({str(exc).splitlines()[0][:100]})")
+
+
 def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
                  reps: int = 10, log=print) -> list[dict]:
     """Sweep the config space on the GPU; every candidate is checked against the reference
     before it is timed; failures (compile, resources, wrong numbers) score infinite."""
-    import time
-
     import numpy as np
 
     from . import reference
@@ -337,27 +362,17 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
         default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
         space = config_space(spec, t)
         best = (math.inf, None)
-        for i, cfg in enumerate(space):
-            if budget_s is not None and time.monotonic() - start > budget_s:
-                log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
-                break
-            bar = "#" * (20 * (i + 1) // len(space))
-            print(f"\r  T={t:<5} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+        for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
             try:
                 layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(), tuning=None)
                 layers[cfg] = layer
-                layer.out.fill(np.float16(np.nan))   # poisoned: unwritten outputs fail
-                y = cp.asnumpy(layer(xd, ld, packed)).astype(np.float64)
-                err = np.linalg.norm(y - want) / np.linalg.norm(want)
-                if not err <= 2e-3:      # NaN fails too
-                    raise ValueError(f"relative error {err:.2e}")
+                _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
                 us = time_call(cp, lambda: layer(xd, ld, packed), reps)
             except Exception as exc:  # compile failure, resources, wrong numbers: infinite
-                log(f"\n  {cfg}: scored infinite ({str(exc).splitlines()[0][:100]})")
+                _scored_infinite(cfg, exc, log)
                 continue
             if us < best[0]:
                 best = (us, cfg)
-        print(file=sys.stderr)
         if best[1] is None:
             continue
         results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
@@ -377,8 +392,6 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
     """Sweep the MSD config space on the GPU (both schedules of every msd candidate, and the
     dequant lowering); every candidate is checked against its reference before it is timed.
     Records the best config of each lowering; the tile pass applies the one of the spec's."""
-    import time
-
     import numpy as np
 
     from . import reference
@@ -402,12 +415,7 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
     space = msd_config_space(spec)
     best: dict[str, tuple] = {}
     packed: dict = {}
-    for i, cfg in enumerate(space):
-        if budget_s is not None and time.monotonic() - start > budget_s:
-            log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
-            break
-        bar = "#" * (20 * (i + 1) // len(space))
-        print(f"\r  M={s.m:<3} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+    for cfg in _candidates(space, f"M={s.m:<3}", start, budget_s, log):
         try:
             op = MsdMatmul(replace(spec, lowering=cfg.lowering), pipeline=cfg.pipeline(),
                            tuning=None)
@@ -415,19 +423,17 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
                 packed[cfg.lowering] = op.pack(w)
             pw = packed[cfg.lowering]
             for schedule in op.schedules:
-                op.out.fill(np.float16(np.nan))          # poisoned: unwritten outputs fail
-                y = cp.asnumpy(op(xd, pw, sd, schedule=schedule)).astype(np.float64)
-                want = wants[cfg.lowering]
-                err = np.linalg.norm(y - want) / np.linalg.norm(want)
-                if not err <= 2e-3:                        # NaN fails too
-                    raise ValueError(f"{schedule}: relative error {err:.2e}")
+                try:
+                    _check(cp, op.out, lambda: op(xd, pw, sd, schedule=schedule),
+                           wants[cfg.lowering])
+                except ValueError as exc:
+                    raise ValueError(f"{schedule}: {exc}") from None
                 us = time_call(cp, lambda: op(xd, pw, sd, schedule=schedule), reps)
                 if us < best.get(cfg.lowering, (math.inf,))[0]:
                     best[cfg.lowering] = (us, cfg.as_dict(schedule if cfg.lowering == "msd"
                                                           else None))
         except Exception as exc:   # compile failure, resources, wrong numbers: infinite
-            log(f"\n  {cfg}: scored infinite ({str(exc).splitlines()[0][:100]})")
-    print(file=sys.stderr)
+            _scored_infinite(cfg, exc, log)
     results = [{"tokens": s.m, "config": c, "time_us": us, "default_us": default_us,
                 "checked": True} for us, c in sorted(best.values(), key=lambda b: b[0])]
     for r in results:
