@@ -1,5 +1,5 @@
 """The packed weight layout, on the CPU: round trips, and a numpy emulation of how the kernel
-consumes it (dequant8 + mma.sync m16n8k16 fragment conventions)."""
+consumes it (dequant8 + mma.sync m16n8k16 A-fragment conventions)."""
 import numpy as np
 
 from moegen.targets.cuda.layout import gate_up_columns, pack_weights, unpack_weights
@@ -20,23 +20,25 @@ def test_pack_round_trip(rng):
             assert np.array_equal(q2, q) and np.array_equal(s2, s)
 
 
-def emulate_b_tile(words, packed_scales, kstep, tile, g):
-    """The 16 x 64 dequantized B tile a warp builds from one k16 step, as the kernel does."""
+def emulate_weight_tile(words, packed_scales, kstep, tile, g):
+    """The 16 x 64 (k x column) dequantized weight tile a warp builds from one k16 step, as the
+    kernel does: word t of lane l is the m16n8k16 A fragment of columns 16 t .. 16 t + 15 (A row
+    = output column), dequant8 gives its registers a0..a3 = (n0, n4), (n1, n5), (n2, n6),
+    (n3, n7); a0 = row r, k = kq + {0, 1}; a1 = row r + 8; a2 = row r, k + 8; a3 = row r + 8,
+    k + 8 (r = l / 4, kq = 2 (l % 4)); the lane's scales are those of columns 8 j + r."""
     b = np.zeros((16, 64), np.float32)
     for lane in range(32):
-        sc = packed_scales[kstep * 16 // g, tile, lane // 4]          # 8 scales, tiles 0..7
-        for j in range(4):
-            w = int(words[kstep, tile, lane, j])
-            nib = [(w >> (4 * i)) & 0xF for i in range(8)]
-            pairs = [(nib[0], nib[4]), (nib[1], nib[5]), (nib[2], nib[6]), (nib[3], nib[7])]
-            vals = [(a - 8, c - 8) for a, c in pairs]                   # dequant8: u - 8
-            k0, n = 2 * (lane % 4), lane // 4
-            for t_off, (b0, b1) in ((0, (vals[0], vals[1])), (1, (vals[2], vals[3]))):
-                ntile = 2 * j + t_off
-                s = float(sc[ntile])
-                col = ntile * 8 + n
-                b[k0, col], b[k0 + 1, col] = b0[0] * s, b0[1] * s        # fragment b0
-                b[k0 + 8, col], b[k0 + 9, col] = b1[0] * s, b1[1] * s    # fragment b1
+        sc = packed_scales[kstep * 16 // g, tile, lane // 4]          # columns 8 j + r
+        r, kq = lane // 4, 2 * (lane % 4)
+        for t in range(4):
+            w = int(words[kstep, tile, lane, t])
+            nib = [((w >> (4 * i)) & 0xF) - 8 for i in range(8)]        # dequant8: u - 8
+            regs = [(nib[0], nib[4]), (nib[1], nib[5]), (nib[2], nib[6]), (nib[3], nib[7])]
+            for reg, (lo, hi) in enumerate(regs):
+                row = 16 * t + r + 8 * (reg % 2)
+                k = kq + 8 * (reg // 2)
+                s = float(sc[2 * t + reg % 2])
+                b[k, row], b[k + 1, row] = lo * s, hi * s
     return b
 
 
@@ -49,7 +51,7 @@ def test_kernel_view_of_the_layout(rng):
     dense = (q[0].astype(np.float32) * np.repeat(s[0].astype(np.float32), g, 0))[:, cols]
     for kstep in (0, 7, 15):
         for tile in (0, 1):
-            got = emulate_b_tile(words[0], ps[0], kstep, tile, g)
+            got = emulate_weight_tile(words[0], ps[0], kstep, tile, g)
             assert np.array_equal(got, dense[kstep * 16:(kstep + 1) * 16, tile * 64:(tile + 1) * 64])
 
 

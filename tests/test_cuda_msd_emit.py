@@ -90,7 +90,7 @@ def test_dequant_lowering_emits_the_dense_gemm():
     spec = dataclasses.replace(SEED, lowering="dequant")
     files = emit(spec, "cuda")
     source = files["msd-seed.cu"]
-    assert "msd_matmul_dequant" in source and "moegen::grouped_gemm<16, 2, 8192, 192, 12288" in source
+    assert "msd_matmul_dequant" in source and "moegen::grouped_gemm<8, 2, 8192, 192, 12288" in source
     plan = json.loads(files["msd-seed.launch.json"])
     assert plan["lowering"] == "dequant"
     assert plan["kernels"][0]["grid"] == [1, 192, 2]          # 384 CTAs: under 4 per SM

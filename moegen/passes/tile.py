@@ -39,7 +39,7 @@ integer MMA
 (mma.sync m16n8k64 s4 directly). Measured on the H200 at the seed shape, s8 is 1.2x faster:
 Hopper's tensor cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
-warps, stages, split_k}``: rows per CTA min(32, M rounded up to 16), 64 columns, 4 warps, ring
+warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64 columns, 4 warps, ring
 stages as for MoE, K split until about four CTAs per SM are busy.
 """
 from __future__ import annotations
@@ -53,7 +53,6 @@ PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
-RING_SCALE_BYTES = 128      # one stage's scales (8 x 16 B); weights are 32 lanes x 16 B per k16
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
@@ -120,11 +119,11 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
-    warp, each stage holding a k16 step's weights, scales and the block's rows padded to m16)
-    would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
+    warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
+    multiple of 8) would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
     8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower at decode sizes.)"""
     ks = block_k // 16
-    stage = 512 * ks + RING_SCALE_BYTES + align_up(block, 16) * (32 * ks + RING_ROW_PAD)
+    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
@@ -259,7 +258,7 @@ class TilePass(Pass):
                                                    cores)
         elif spec.lowering == "dequant":
             s = spec.msd
-            block = min(DENSE_MAX_BLOCK, align_up(s.m, 16))
+            block = 8 if s.m <= 8 else min(DENSE_MAX_BLOCK, align_up(s.m, 16))
             warps = fit_warps(s.k, self.option("warps", 4))
             tiles = -(-s.m // block) * -(-s.n // 64)
             split = self.option("split-k", tuned.get("split_k") or dense_split_k(s.k, tiles, warps))

@@ -175,12 +175,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
 // K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
-// through its own ring of STAGES shared-memory stages filled by cp.async (weights, the group's
-// scales and the block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a
-// warp keeps several KB in flight without holding them in registers. Partial sums meet in
-// shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them in split
-// order: deterministic. DENSE: rows are the activation rows themselves (one expert, no routing)
-// and the scales come as [K/G, NOUT] fp16, unpacked.
+// through its own ring of STAGES shared-memory stages filled by cp.async (weights and the
+// block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a warp keeps
+// several KB in flight without holding them in registers; the fragments of the next stage are
+// read while the current one is multiplied, and the group scales come from registers. Partial
+// sums meet in shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA
+// of a tile adds them in split order: deterministic. DENSE: rows are the activation rows
+// themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
 __device__ __forceinline__ void grouped_gemm(
@@ -188,7 +189,7 @@ __device__ __forceinline__ void grouped_gemm(
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
     half* __restrict__ out, float* __restrict__ partials, int* __restrict__ counters) {
-  constexpr int MT = (BLOCK + 15) / 16;          // m16 tiles per block
+  constexpr int NT = (BLOCK + 7) / 8;            // n8 tiles of block rows (the MMA's N)
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
   constexpr int WARP_STEPS = CTA_STEPS / WARPS;
@@ -196,14 +197,14 @@ __device__ __forceinline__ void grouped_gemm(
   static_assert(KSTEPS % (SPLIT * WARPS * KS) == 0, "K must split evenly over CTAs, warps, stages");
   static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
-  constexpr int ROWS = MT * 16;
-  // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), the 64 columns' scales
-  // (8 x 16 B), then the activation rows, 32 KS bytes of k each, padded by 16 so fragment reads
-  // hit 32 distinct banks
-  constexpr int W_BYTES = 512 * KS, S_BYTES = 128, A_ROW = 32 * KS + 16;
-  constexpr int STAGE_BYTES = W_BYTES + S_BYTES + ROWS * A_ROW;
+  constexpr int ROWS = NT * 8;
+  // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), then the block's rows,
+  // 32 KS bytes of k each, padded by 16 so fragment reads hit 32 distinct banks
+  constexpr int W_BYTES = 512 * KS, A_ROW = 32 * KS + 16;
+  constexpr int STAGE_BYTES = W_BYTES + ROWS * A_ROW;
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
+  constexpr int GROUPS = KDIM / G;
   __shared__ __align__(16) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
   __shared__ int last_cta;
   float(*red)[64] = reinterpret_cast<float(*)[64]>(smem);   // after the K loop
@@ -219,28 +220,38 @@ __device__ __forceinline__ void grouped_gemm(
     return r < BLOCK ? sorted_ids[blk * BLOCK + r] : num_slots;
   };
 
-  // the activation rows this lane copies: a row is CHUNKS 16-byte chunks per stage, so chunk
-  // q * 32 + lane is part lane % CHUNKS of row q * (32 / CHUNKS) + lane / CHUNKS
-  constexpr int CHUNKS = 2 * KS, COPIES = MT * KS;
+  // the activation chunks this lane copies: a staged row is CHUNKS 16-byte chunks, chunk
+  // c = q * 32 + lane is part c % CHUNKS of row c / CHUNKS (lanes past A_CHUNKS copy nothing)
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = ROWS * CHUNKS, COPIES = (A_CHUNKS + 31) / 32;
   const half* copy_row[COPIES];
+  unsigned copy_bytes[COPIES];         // 16, or 0 for a padding row (which reads row 0)
 #pragma unroll
   for (int q = 0; q < COPIES; ++q) {
-    const int slot = slot_of(q * (32 / CHUNKS) + lane / CHUNKS);
-    copy_row[q] = slot < num_slots ? a + (size_t)(slot / ROW_DIV) * KDIM + 8 * (lane % CHUNKS)
-                                   : nullptr;
+    const int c = q * 32 + lane;
+    const int slot = c < A_CHUNKS ? slot_of(c / CHUNKS) : num_slots;
+    copy_bytes[q] = slot < num_slots ? 16u : 0u;
+    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
 
-  float acc[MT][8][4];
+  // acc[t][nt]: the m16n8 tile of columns 16 t .. 16 t + 15 and block rows 8 nt .. 8 nt + 7.
+  // SCALE_AFTER (up to 16 rows, where registers allow): the MMAs multiply the unscaled int4
+  // values (exact in fp16) into `part`, which is scaled in fp32 and added to acc once per
+  // scale group, instead of scaling every dequantized pair before the MMA.
+  constexpr bool SCALE_AFTER = NT <= 2;
+  constexpr int PART_NT = SCALE_AFTER ? NT : 1;
+  float acc[4][NT][4], part[4][PART_NT][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int t = 0; t < 4; ++t)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int c = 0; c < 4; ++c) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][j][c] = 0.0f;
+      for (int nt = 0; nt < NT; ++nt) acc[t][nt][c] = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < PART_NT; ++nt) part[t][nt][c] = 0.0f;
+    }
 
   const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
-  const uint4* sp = scales + ((size_t)expert * (KDIM / G) * NTILES + tile) * 8 + lane;
   unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
   auto issue = [&](int i) {            // copy the k16 steps of iteration i into its stage
     unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
@@ -248,100 +259,170 @@ __device__ __forceinline__ void grouped_gemm(
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       cp_async16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
-    if (lane < 8) {
-      if constexpr (DENSE) {   // scales [K/G, NOUT] as given: 8 columns per 16-byte chunk
-        const int col = tile * 64 + lane * 8;
-        const half* src = reinterpret_cast<const half*>(scales) + (size_t)(step * 16 / G) * NOUT + col;
-        cp_async16_zfill(st + W_BYTES + lane * 16, col < NOUT ? src : a, col < NOUT ? 16u : 0u);
-      } else {
-        cp_async16(st + W_BYTES + lane * 16, sp + (size_t)(step * 16 / G) * NTILES * 8);
-      }
-    }
 #pragma unroll
     for (int q = 0; q < COPIES; ++q) {
-      unsigned char* dst = st + W_BYTES + S_BYTES +
-                           (q * (32 / CHUNKS) + lane / CHUNKS) * A_ROW + 16 * (lane % CHUNKS);
-      if (copy_row[q]) cp_async16(dst, copy_row[q] + step * 16);
-      else cp_async16_zfill(dst, a, 0u);            // padding row: zeros
+      const int c = q * 32 + lane;
+      if (A_CHUNKS % 32 != 0 && c >= A_CHUNKS) continue;
+      unsigned char* dst = st + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS);
+      // a padding row copies 0 bytes and zero-fills: one copy instruction either way
+      cp_async16_zfill(dst, copy_row[q] + step * 16, copy_bytes[q]);
     }
   };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < WARP_ITERS) issue(s);
-    cp_async_commit();
-  }
 
-  const int kq = 2 * (lane % 4);
-  for (int i = 0; i < WARP_ITERS; ++i) {
-    cp_async_wait<STAGES - 2>();           // stage i has landed (for this lane's copies) ...
-    __syncwarp();                          // ... and for the whole warp's
-    const unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
-    uint4 wv[KS];
+  // Scales stay out of the ring: a group's are the same for its G / 16 steps, so each lane
+  // holds its 8 (columns 8 j + lane / 4) for the current group in registers and loads the next
+  // group's while the current one runs.
+  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
+  auto load_scales = [&](int group) {
+    uint4 v;
+    if constexpr (DENSE) {   // scales [K/G, NOUT] as given, zero past the last column
+      half* h = reinterpret_cast<half*>(&v);
+      const half* row = reinterpret_cast<const half*>(scales) + (size_t)group * NOUT;
 #pragma unroll
-    for (int sub = 0; sub < KS; ++sub)
-      wv[sub] = *reinterpret_cast<const uint4*>(st + sub * 512 + lane * 16);
-    uint4 scale8;                          // the scales of n8 tiles 0..7 at column lane / 4
-    if constexpr (DENSE) {
-      const half* col_sc = reinterpret_cast<const half*>(st + W_BYTES) + lane / 4;
-      half* s8 = reinterpret_cast<half*>(&scale8);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s8[j] = col_sc[8 * j];
-    } else {
-      scale8 = *reinterpret_cast<const uint4*>(st + W_BYTES + (lane / 4) * 16);
-    }
-    unsigned afr[KS][MT][4];
-#pragma unroll
-    for (int sub = 0; sub < KS; ++sub)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const unsigned char* r0 =
-            st + W_BYTES + S_BYTES + (mt * 16 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
-        afr[sub][mt][0] = *reinterpret_cast<const unsigned*>(r0);
-        afr[sub][mt][1] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW);
-        afr[sub][mt][2] = *reinterpret_cast<const unsigned*>(r0 + 16);
-        afr[sub][mt][3] = *reinterpret_cast<const unsigned*>(r0 + 8 * A_ROW + 16);
+      for (int j = 0; j < 8; ++j) {
+        const int col = tile * 64 + j * 8 + lane / 4;
+        h[j] = col < NOUT ? row[col] : __float2half_rn(0.0f);
       }
-    __syncwarp();                          // every lane has read the stage refilled next
-    if (i + STAGES - 1 < WARP_ITERS) issue(i + STAGES - 1);
-    cp_async_commit();
-    const half2* sc = reinterpret_cast<const half2*>(&scale8);   // scales of n8 tiles 0..7
+    } else {
+      v = __ldg(sp + (size_t)group * NTILES * 8);
+    }
+    return v;
+  };
+  const int group0 = step0 * 16 / G;
+  uint4 scale_now = load_scales(group0);
+  uint4 scale_next = load_scales(group0 + 1 < GROUPS ? group0 + 1 : group0);
+
+  // One stage's operands in registers: the weight words and the block rows' B fragments. The
+  // fragments of stage i + 1 are read from shared memory while stage i's are multiplied.
+  struct Frags {
+    uint4 w[KS];
+    unsigned b[KS][NT][2];
+  };
+  const int kq = 2 * (lane % 4);
+  auto load_frags = [&](int i, Frags& f) {
+    const unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
-      const unsigned words[4] = {wv[sub].x, wv[sub].y, wv[sub].z, wv[sub].w};
+      f.w[sub] = *reinterpret_cast<const uint4*>(st + sub * 512 + lane * 16);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {        // word q: n8 tiles 2q and 2q + 1
-        half2 b[4];
-        dequant8(words[q], b);
-        const half2 scale0 = __half2half2(sc[q].x), scale1 = __half2half2(sc[q].y);
-        b[0] = __hmul2(b[0], scale0);
-        b[1] = __hmul2(b[1], scale0);
-        b[2] = __hmul2(b[2], scale1);
-        b[3] = __hmul2(b[3], scale1);
+      for (int nt = 0; nt < NT; ++nt) {   // row 8 nt + lane / 4, k = kq, kq + 1 and + 8
+        const unsigned char* r0 = st + W_BYTES + (nt * 8 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
+        f.b[sub][nt][0] = *reinterpret_cast<const unsigned*>(r0);
+        f.b[sub][nt][1] = *reinterpret_cast<const unsigned*>(r0 + 16);
+      }
+    }
+  };
+  // The weights are the MMA's A operand (16 columns x k16 per word), the block rows its B
+  // operand (n8 per 8 rows): a block of 8 rows wastes no tensor-core work on padding.
+  auto multiply = [&](const Frags& f) {
+    const half2* sc = reinterpret_cast<const half2*>(&scale_now);   // (column r, r + 8) per t
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(acc[mt][2 * q], afr[sub][mt], *reinterpret_cast<unsigned*>(&b[0]),
-                    *reinterpret_cast<unsigned*>(&b[1]));
-          mma_16816(acc[mt][2 * q + 1], afr[sub][mt], *reinterpret_cast<unsigned*>(&b[2]),
-                    *reinterpret_cast<unsigned*>(&b[3]));
+    for (int sub = 0; sub < KS; ++sub) {
+      const unsigned words[4] = {f.w[sub].x, f.w[sub].y, f.w[sub].z, f.w[sub].w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {        // word t: the A fragment of columns 16 t .. 16 t + 15
+        half2 frag[4];
+        dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 (r = lane / 4)
+        if constexpr (!SCALE_AFTER) {
+          const half2 s_lo = __half2half2(sc[t].x), s_hi = __half2half2(sc[t].y);
+          frag[0] = __hmul2(frag[0], s_lo);
+          frag[1] = __hmul2(frag[1], s_hi);
+          frag[2] = __hmul2(frag[2], s_lo);
+          frag[3] = __hmul2(frag[3], s_hi);
+        }
+        const unsigned* af = reinterpret_cast<const unsigned*>(frag);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          if constexpr (SCALE_AFTER) mma_16816(part[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
+          else mma_16816(acc[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
         }
       }
     }
+  };
+  // iteration i: read stage i + 1 into `next`, refill stage i's slot (its fragments are in
+  // registers since iteration i - 1), then multiply `cur`. Groups are committed one per stage
+  // in stage order, so "stage i + 1 has landed" is "at most STAGES - 2 groups pending".
+  auto iteration = [&](int i, const Frags& cur, Frags& next) {
+    if (i + 1 < WARP_ITERS) {
+      cp_async_wait<STAGES - 2>();         // stage i + 1 has landed (for this lane's copies) ...
+      __syncwarp();                        // ... and for the warp's; every lane has read stage i
+      load_frags(i + 1, next);
+    }
+    if (i + STAGES < WARP_ITERS) issue(i + STAGES);
+    cp_async_commit();
+    multiply(cur);
+  };
+  auto end_group = [&]() {                 // SCALE_AFTER: acc += part x the group's scales
+    if constexpr (SCALE_AFTER) {
+      const half2* sc = reinterpret_cast<const half2*>(&scale_now);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float s_lo = __low2float(sc[t]), s_hi = __high2float(sc[t]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            acc[t][nt][c] += part[t][nt][c] * (c < 2 ? s_lo : s_hi);
+            part[t][nt][c] = 0.0f;
+          }
+      }
+    }
+  };
+  auto next_group = [&](int group) {       // group starts: its scales are already loaded
+    end_group();
+    scale_now = scale_next;
+    if (group + 1 < GROUPS) scale_next = load_scales(group + 1);
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    if (s < WARP_ITERS) issue(s);
+    cp_async_commit();
   }
+  cp_async_wait<STAGES - 1>();             // stage 0 has landed
+  __syncwarp();
+  Frags f0, f1;                            // trade roles every iteration, in registers
+  load_frags(0, f0);
+  constexpr int GROUP_ITERS = G / (16 * KS);                   // iterations per scale group
+  constexpr int UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
+  if constexpr (WARP_STEPS % (G / 16) == 0 && WARP_ITERS % UNROLL == 0) {
+    // the warp's range starts on a group: unrolled over whole groups, the group changes at
+    // fixed iterations (and with UNROLL a multiple of STAGES, every ring offset is a constant)
+    for (int i0 = 0; i0 < WARP_ITERS; i0 += UNROLL) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; u += 2) {
+        if (u % GROUP_ITERS == 0 && (u > 0 || i0 > 0)) next_group((step0 + (i0 + u) * KS) * 16 / G);
+        iteration(i0 + u, f0, f1);
+        if ((u + 1) % GROUP_ITERS == 0) next_group((step0 + (i0 + u + 1) * KS) * 16 / G);
+        iteration(i0 + u + 1, f1, f0);
+      }
+    }
+  } else {
+    for (int i = 0; i < WARP_ITERS; i += 2) {
+      for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {
+        const int step = step0 + (i + u) * KS;
+        if (i + u > 0 && step * 16 % G == 0) next_group(step * 16 / G);
+        if (u == 0) iteration(i, f0, f1);
+        else iteration(i + 1, f1, f0);
+      }
+    }
+  }
+  end_group();
   cp_async_wait<0>();
   __syncthreads();                         // the rings are free: red reuses their memory
 
-  // warps add their partial sums into shared memory, in warp order
+  // warps add their partial sums into shared memory, in warp order; red[row][column]
   for (int wi = 0; wi < WARPS; ++wi) {
     if (warp == wi) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int t = 0; t < 4; ++t)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            const int r = mt * 16 + lane / 4 + (c >= 2 ? 8 : 0);
-            const int col = j * 8 + kq + (c & 1);
-            red[r][col] = wi == 0 ? acc[mt][j][c] : red[r][col] + acc[mt][j][c];
+            const int r = nt * 8 + kq + (c & 1);
+            const int col = t * 16 + lane / 4 + (c >= 2 ? 8 : 0);
+            red[r][col] = wi == 0 ? acc[t][nt][c] : red[r][col] + acc[t][nt][c];
           }
     }
     __syncthreads();

@@ -4,12 +4,14 @@ For a weight q [E, K, N] (int4 values in [-8, 7]) with scales [E, K/G, N]:
 - columns are padded to a multiple of 64 (zero weights, zero scales); for the gate/up weight the
   64-column tile t holds gate columns [32t, 32t + 32) then up columns [I + 32t, I + 32t + 32), so
   one CTA sees both halves of its SwiGLU outputs;
-- words [E, K/16, N/64, 32 lanes, 4] uint32: lane l's word j holds, for n8 tiles 2j and 2j + 1
-  of the 16 x 64 tile, the values its mma.sync m16n8k16 B fragments need (k = 2 (l % 4) + {0, 1}
-  and + 8, n = l / 4); nibble i of the word is k offset 8 (i % 2) + i // 4, tile offset
-  (i % 4) // 2, stored as q + 8 (so `dequant8` in moegen_w4a16.cuh unpacks two per lop3);
+- words [E, K/16, N/64, 32 lanes, 4] uint32: lane l's word t holds the mma.sync m16n8k16 A
+  fragment of the 16 columns 16 t .. 16 t + 15 (the weights are the A operand, rows = columns
+  of the output, the block's activation rows the B operand): with r = l / 4 and
+  k = 2 (l % 4), nibble i is column 16 t + r + 8 (i % 2), k offset k + i // 4 + 8 ((i % 4) // 2),
+  stored as q + 8 (so `dequant8` in moegen_w4a16.cuh unpacks the four A registers, two
+  values per lop3);
 - scales [E, K/G, N/64, 8, 8] fp16: [.., n, j] is the scale of column 8 j + n, so lane l reads
-  its eight tiles' scales in one 16-byte load at n = l / 4.
+  the scales of its eight columns 8 j + l / 4 in one 16-byte load.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ import numpy as np
 LANE = np.arange(32)[:, None, None]
 WORD = np.arange(4)[None, :, None]
 NIBBLE = np.arange(8)[None, None, :]
-K_OF = 2 * (LANE % 4) + 8 * (NIBBLE % 2) + NIBBLE // 4                 # [32, 1, 8]
-N_OF = (2 * WORD + (NIBBLE % 4) // 2) * 8 + LANE // 4                  # [32, 4, 8]
+K_OF = 2 * (LANE % 4) + NIBBLE // 4 + 8 * ((NIBBLE % 4) // 2)          # [32, 1, 8]
+N_OF = 16 * WORD + LANE // 4 + 8 * (NIBBLE % 2)                        # [32, 4, 8]
 K_IDX, N_IDX = np.broadcast_arrays(K_OF, N_OF)
 
 
