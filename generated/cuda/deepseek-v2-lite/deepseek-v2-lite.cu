@@ -8,7 +8,8 @@
 // Sizes: E = 64 experts, top-k = 6, H = 2048, I = 1408, group = 128.
 // Weights are in the layout `MoeW4A16.pack` writes (see moegen/targets/cuda/layout.py): for each
 // expert, k16 step and 64-column tile, 32 lanes x 16 bytes, so one 16-byte load per lane gives a
-// warp every B fragment of a 16 x 64 tile of mma.sync m16n8k16.
+// warp the mma.sync m16n8k16 A fragments of a 64-column x k16 tile (the weights are the A
+// operand, 16 output columns per MMA; a moe block's rows are the B operand, 8 per MMA).
 #include "moegen_w4a16.cuh"
 
 constexpr int E = 64;

@@ -78,7 +78,7 @@ def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
 
 def pack_dense_weights(q: np.ndarray) -> np.ndarray:
     """int4 q [K, N] -> the words of `pack_weights` for one expert, [K/16, N/64 (padded), 32, 4]:
-    the B operand of the dequant lowering of the MSD matmul (its scales stay [K/G, N])."""
+    the A operand of the dequant lowering of the MSD matmul (its scales stay [K/G, N])."""
     q = np.asarray(q)
     k, n = q.shape
     words, _ = pack_weights(q[None], np.zeros((1, 1, n), np.float16), k)   # scales unused
