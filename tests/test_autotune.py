@@ -40,6 +40,12 @@ def test_key_is_stable_across_processes_and_tracks_what_matters():
     assert len({at.entry_key(QWEN, H200), other_gpu, other_cuda, other_spec}) == 4
 
 
+def test_key_tracks_the_kernel_templates(monkeypatch):
+    before = at.entry_key(QWEN, H200)
+    monkeypatch.setattr(at, "kernel_sources", lambda: "another grouped_gemm")
+    assert at.entry_key(QWEN, H200) != before
+
+
 def test_atomic_write_survives_a_crash(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     db = at.TuningDB(path)
@@ -152,7 +158,7 @@ def test_a_candidate_must_beat_the_default_by_more_than_the_noise():
     default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
     # measured once on the H200 (Qwen3 T = 1): the sweep's best 28.6 us, the default 26.8 us
     assert at.keep_default_unless_faster((28.6, other), default, 26.8) == (26.8, default)
-    assert at.keep_default_unless_faster((26.5, other), default, 26.8) == (26.8, default)
+    assert at.keep_default_unless_faster((26.0, other), default, 26.8) == (26.8, default)  # 3%: noise
     assert at.keep_default_unless_faster((20.0, other), default, 26.8) == (20.0, other)
 
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
