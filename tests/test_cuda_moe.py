@@ -111,22 +111,6 @@ def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
         assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
 
 
-ROWS_IN_RING = "fuse-align,fuse-swiglu,tile{rows=smem},alloc"
-
-
-@pytest.mark.parametrize("h,i,e,k,g", [(1024, 512, 8, 2, 128), (2048, 768, 128, 8, 64)])
-def test_block_rows_staged_in_the_ring(rng, h, i, e, k, g):
-    """tile{rows=smem}: decode blocks read their rows from the copy ring, not global memory."""
-    layer = layer_for(moe_spec(h, i, e, k, tokens_max=1024, group=g), pipeline=ROWS_IN_RING)
-    assert '"global"' not in layer.program.ir
-    host = moe_weights(rng, e, h, i, g)
-    packed = layer.pack(*host)
-    for t in (1, 3, 16, 64, 222):
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
-
-
 def test_unfused_swiglu(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
     assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]

@@ -107,8 +107,7 @@ def test_moe_passes_printed(path):
         r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
         + ".*block_buckets = " + re.escape(buckets),
         r"%activation = moe\.grouped_gemm_w4a16\(.*epilogue = \"swiglu\".*tile = \{block_n = 64, "
-        r"block_k = 16, warps = \d, rows = \[\"global\"(, \"global\")*(, \"smem\")?\], "
-        r"stages = \[8(, [358])*\], split_k = \[",
+        r"block_k = 16, warps = \d, stages = \[8(, [358])*\], split_k = \[",
         r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
         r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
     ])
@@ -120,13 +119,8 @@ def test_tile_options_override_defaults():
     text = str(module)
     assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
-    assert ("tile = {block_n = 64, block_k = 16, warps = 2, "
-            'rows = ["global", "global", "global"], stages = [3, 3, 3], split_k = [4, 4, 1]}') in text
-    # rows=smem stages a block's rows in the copy ring, which then holds fewer stages
-    text = str(lower(MOE, "cuda", "tile{moe-block=32,rows=smem}")[0])
-    assert 'rows = ["smem", "smem", "smem"], stages = [5, 5, 5]' in text
-    text = str(lower(MOE, "cuda", "tile{moe-block=32}")[0])
-    assert 'rows = ["smem", "smem", "smem"], stages = [5, 5, 5]' in text   # > 16 rows: the ring
+    assert ("tile = {block_n = 64, block_k = 16, warps = 2, stages = [3, 3, 3], "
+            "split_k = [4, 4, 1]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 

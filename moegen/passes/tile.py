@@ -53,7 +53,6 @@ PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
-ROWS_GLOBAL_MAX = 16        # blocks up to this many rows read them from global memory
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
@@ -118,22 +117,14 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
         k_dim, sp, tile["warps"], tile["block_k"]))
 
 
-def gemm_stages(block: int, warps: int, most: int, block_k: int = 16,
-                rows: str = "smem") -> int:
+def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
-    warp, each stage holding a k16 step's weights, 512 B, and with rows = "smem" the block's rows
-    padded to a multiple of 8) would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
+    warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
+    multiple of 8) would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
     8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower at decode sizes.)"""
     ks = block_k // 16
-    stage = 512 * ks + (align_up(block, 8) * (32 * ks + RING_ROW_PAD) if rows == "smem" else 0)
+    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
-
-
-def rows_from(block: int, option: str | None) -> str:
-    """Where the GEMM's MMA reads a block's activation rows: "global" (each lane loads its
-    fragments one stage ahead, from L1 / L2) for blocks of up to ROWS_GLOBAL_MAX rows, else
-    "smem" (copied into the ring with the weights); the option "smem" forces the ring."""
-    return "smem" if option == "smem" or block > ROWS_GLOBAL_MAX else "global"
 
 
 def msd_x_stages(m: int, group: int) -> int:
@@ -184,10 +175,6 @@ class TilePass(Pass):
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
-        "rows": Option(str, None, "MoE / dequant GEMM: where the MMA reads a block's activation "
-                                  "rows: global (the default for blocks of up to "
-                                  f"{ROWS_GLOBAL_MAX} rows) or smem (the copy ring, always)",
-                       choices=("global", "smem")),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
@@ -239,12 +226,10 @@ class TilePass(Pass):
                                      f"{split} x {tile['warps']} warps of {tile['block_k']}-deep "
                                      "stages")
                 most = tile.pop("stages")
-                tile["rows"] = [rows_from(block, self.option("rows")) for _, block in buckets]
                 tuned_most = ([b[3] if len(b) > 3 and self.option("stages") is None else most
                                for b in tuned_buckets] if tuned_buckets else [most] * len(buckets))
-                tile["stages"] = [gemm_stages(block, tile["warps"], m, tile["block_k"], rows)
-                                  for (_, block), m, rows in zip(buckets, tuned_most,
-                                                                 tile["rows"])]
+                tile["stages"] = [gemm_stages(block, tile["warps"], m, tile["block_k"])
+                                  for (_, block), m in zip(buckets, tuned_most)]
                 if tuned_buckets:   # [edge, block, split, stages, split of the down GEMM]
                     tile["split_k"] = [b[4] if down and len(b) > 4 else b[2]
                                        for b in tuned_buckets]
@@ -280,11 +265,9 @@ class TilePass(Pass):
             if not splits_evenly(s.k, split, warps):
                 raise PipelineError(f"tile{{split-k={split}}}: K = {s.k} does not split into "
                                     f"{split} x {warps} warps of k16 steps")
-            rows = rows_from(block, self.option("rows"))
             loop.attrs["tile"] = {"block": block, "block_n": 64, "warps": warps,
-                                  "stages": gemm_stages(block, warps, self.option("stages", 8),
-                                                        rows=rows),
-                                  "rows": rows, "split_k": split}
+                                  "stages": gemm_stages(block, warps, self.option("stages", 8)),
+                                  "split_k": split}
         else:
             tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
                     for k, v in MSD_CUDA_TILE.items()}

@@ -168,39 +168,39 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMMs (the mainloop is moegen::grouped_gemm in moegen_w4a16.cuh)
-// gate_up: K = 2048, 44 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, rows from global memory
+// gate_up: K = 2048, 44 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 2048, 44, 1408, 128, 4, 8, 1, 6, 1, true, false, false, true>(
+  moegen::grouped_gemm<8, 1, 2048, 44, 1408, 128, 4, 8, 1, 6, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// gate_up: K = 2048, 44 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k, rows from the ring
+// gate_up: K = 2048, 44 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<32, 1, 2048, 44, 1408, 128, 4, 5, 1, 6, 1, true, false, false, false>(
+  moegen::grouped_gemm<32, 1, 2048, 44, 1408, 128, 4, 5, 1, 6, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 1408, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, rows from global memory
+// down: K = 1408, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 1408, 32, 2048, 128, 4, 8, 1, 1, 0, false, true, false, true>(
+  moegen::grouped_gemm<8, 1, 1408, 32, 2048, 128, 4, 8, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 1408, 32 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k, rows from the ring
+// down: K = 1408, 32 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<32, 1, 1408, 32, 2048, 128, 4, 5, 1, 1, 0, false, true, false, false>(
+  moegen::grouped_gemm<32, 1, 1408, 32, 2048, 128, 4, 5, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

@@ -183,8 +183,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // of a tile adds them in split order: deterministic. DENSE: rows are the activation rows
 // themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
-          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
-          bool ROWS_GLOBAL>
+          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
 __device__ __forceinline__ void grouped_gemm(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -199,11 +198,10 @@ __device__ __forceinline__ void grouped_gemm(
   static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
   constexpr int ROWS = NT * 8;
-  // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), then (unless
-  // ROWS_GLOBAL) the block's rows, 32 KS bytes of k each, padded by 16 so fragment reads hit
-  // 32 distinct banks
+  // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), then the block's rows,
+  // 32 KS bytes of k each, padded by 16 so fragment reads hit 32 distinct banks
   constexpr int W_BYTES = 512 * KS, A_ROW = 32 * KS + 16;
-  constexpr int STAGE_BYTES = W_BYTES + (ROWS_GLOBAL ? 0 : ROWS * A_ROW);
+  constexpr int STAGE_BYTES = W_BYTES + ROWS * A_ROW;
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
@@ -224,12 +222,11 @@ __device__ __forceinline__ void grouped_gemm(
 
   // the activation chunks this lane copies: a staged row is CHUNKS 16-byte chunks, chunk
   // c = q * 32 + lane is part c % CHUNKS of row c / CHUNKS (lanes past A_CHUNKS copy nothing)
-  constexpr int CHUNKS = 2 * KS, A_CHUNKS = ROWS_GLOBAL ? 0 : ROWS * CHUNKS;
-  constexpr int COPIES = A_CHUNKS ? (A_CHUNKS + 31) / 32 : 1;
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = ROWS * CHUNKS, COPIES = (A_CHUNKS + 31) / 32;
   const half* copy_row[COPIES];
   unsigned copy_bytes[COPIES];         // 16, or 0 for a padding row (which reads row 0)
 #pragma unroll
-  for (int q = 0; q < (ROWS_GLOBAL ? 0 : COPIES); ++q) {
+  for (int q = 0; q < COPIES; ++q) {
     const int c = q * 32 + lane;
     const int slot = c < A_CHUNKS ? slot_of(c / CHUNKS) : num_slots;
     copy_bytes[q] = slot < num_slots ? 16u : 0u;
@@ -263,7 +260,7 @@ __device__ __forceinline__ void grouped_gemm(
     for (int sub = 0; sub < KS; ++sub)
       cp_async16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
 #pragma unroll
-    for (int q = 0; q < (ROWS_GLOBAL ? 0 : COPIES); ++q) {
+    for (int q = 0; q < COPIES; ++q) {
       const int c = q * 32 + lane;
       if (A_CHUNKS % 32 != 0 && c >= A_CHUNKS) continue;
       unsigned char* dst = st + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS);
@@ -302,21 +299,6 @@ __device__ __forceinline__ void grouped_gemm(
     unsigned b[KS][NT][2];
   };
   const int kq = 2 * (lane % 4);
-  // ROWS_GLOBAL: each lane reads its B fragments (row 8 nt + lane / 4, k = kq, kq + 1 and
-  // + 8) straight from global memory, one stage ahead of their use; the rows are few (a
-  // block of at most 16) and shared by every CTA of the expert, so they come from L1 / L2,
-  // and the copy ring carries weights only
-  const unsigned* row_words[ROWS_GLOBAL ? NT : 1];
-  bool row_valid[ROWS_GLOBAL ? NT : 1];
-  if constexpr (ROWS_GLOBAL) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int slot = slot_of(nt * 8 + lane / 4);
-      row_valid[nt] = slot < num_slots;
-      row_words[nt] = reinterpret_cast<const unsigned*>(
-          a + (size_t)(row_valid[nt] ? slot / ROW_DIV : 0) * KDIM + kq);
-    }
-  }
   auto load_frags = [&](int i, Frags& f) {
     const unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
 #pragma unroll
@@ -324,15 +306,9 @@ __device__ __forceinline__ void grouped_gemm(
       f.w[sub] = *reinterpret_cast<const uint4*>(st + sub * 512 + lane * 16);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {   // row 8 nt + lane / 4, k = kq, kq + 1 and + 8
-        if constexpr (ROWS_GLOBAL) {
-          const unsigned* p = row_words[nt] + (size_t)(step0 + i * KS + sub) * 8;
-          f.b[sub][nt][0] = row_valid[nt] ? __ldg(p) : 0u;
-          f.b[sub][nt][1] = row_valid[nt] ? __ldg(p + 4) : 0u;
-        } else {
-          const unsigned char* r0 = st + W_BYTES + (nt * 8 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
-          f.b[sub][nt][0] = *reinterpret_cast<const unsigned*>(r0);
-          f.b[sub][nt][1] = *reinterpret_cast<const unsigned*>(r0 + 16);
-        }
+        const unsigned char* r0 = st + W_BYTES + (nt * 8 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
+        f.b[sub][nt][0] = *reinterpret_cast<const unsigned*>(r0);
+        f.b[sub][nt][1] = *reinterpret_cast<const unsigned*>(r0 + 16);
       }
     }
   };

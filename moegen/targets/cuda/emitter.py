@@ -75,11 +75,11 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             row_div=int(op.attr("topk")), epilogue=epi, perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"],
             ks=tile["block_k"] // 16)
-        for (edge, block), split, stages, rows in zip(op.attrs["block_buckets"], tile["split_k"],
-                                                      tile["stages"], tile["rows"]):
+        for (edge, block), split, stages in zip(op.attrs["block_buckets"], tile["split_k"],
+                                                tile["stages"]):
             kernel = f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
-                               "stages": stages, "rows": rows, "kernel": kernel})
+                               "stages": stages, "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
