@@ -124,7 +124,7 @@ class TuningDB:
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
-        split of the down GEMM], ...]};
+        split of the down GEMM, block_k, warps], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
@@ -139,7 +139,8 @@ class TuningDB:
         edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max)
         return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
                              r["config"].get("stages", 8),
-                             r["config"].get("split_k_down", r["config"]["split_k"])]
+                             r["config"].get("split_k_down", r["config"]["split_k"]),
+                             r["config"].get("block_k", 16), r["config"].get("warps", 4)]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -202,34 +203,41 @@ def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM and
-    the most copy-ring stages of a token count (block_n is the packed weight tile, 64; warps
-    stay at the tile pass's value)."""
+    """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM,
+    the most copy-ring stages, k per ring stage and warps per CTA of a token count (block_n is
+    the packed weight tile, 64)."""
     moe_block: int
     split_k: int
     stages: int = 8
     split_k_down: int | None = None          # None: as split_k
+    block_k: int = 16
+    warps: int = 4
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         down = self.split_k if self.split_k_down is None else self.split_k_down
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
             f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
-            f"stages={self.stages}}}", "alloc"])
+            f"stages={self.stages},block-k={self.block_k},warps={self.warps}}}", "alloc"])
 
     def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
-                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down}
+                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
+                "block_k": self.block_k, "warps": self.warps}
 
 
 STAGE_CHOICES = (2, 4, 8)
+# (k per ring stage, warps per CTA): the tile pass's default first, so that a sweep cut short
+# by its budget has covered the default tile's neighbourhood
+TILE_CHOICES = ((16, 4), (32, 4), (16, 2))
 
 
 def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     """Candidates for one token count: the blocks the routing buffers allow up to twice what an
-    average routed expert needs, every split-K of
-    each GEMM that divides its K steps over its warps (split-K only for decode sizes, T <= 64,
-    where some SMs would otherwise idle), and ring depths 2, 4, 8 (the tile pass lowers a depth
-    that does not fit shared memory, so such candidates are left out as duplicates)."""
+    average routed expert needs, every split-K of each GEMM that divides its K steps over its
+    warps (split-K only for decode sizes, T <= 64, where some SMs would otherwise idle), ring
+    depths 2, 4, 8 (the tile pass lowers a depth that does not fit shared memory, so such
+    candidates are left out as duplicates), and the (k per stage, warps) of TILE_CHOICES that
+    divide K and the group."""
     from .passes.tile import GEMM_TILE, fit_warps, gemm_stages, splits_evenly
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
@@ -239,14 +247,22 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     blocks = ([m.block_size] if m.block_size
               else [b for b in MOE_BLOCK_CHOICES if b <= useful])
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
-    def fits(k: int, split: int) -> bool:
-        return splits_evenly(k, split, fit_warps(k, GEMM_TILE["warps"]))
 
     out = []
-    for b in blocks:
-        depths = sorted({gemm_stages(b, GEMM_TILE["warps"], d) for d in STAGE_CHOICES})
-        out += [MoeConfig(b, up, d, down) for up in splits for down in splits for d in depths
-                if fits(m.hidden_size, up) and fits(m.intermediate_size, down)]
+    for block_k, warps in TILE_CHOICES:
+        if spec.quant.group_size % block_k:
+            continue
+
+        def fits(k: int, split: int) -> bool:
+            return splits_evenly(k, split, fit_warps(k, warps), block_k)
+        if warps < GEMM_TILE["warps"] and all(fit_warps(k, GEMM_TILE["warps"]) <= warps
+                                              for k in (m.hidden_size, m.intermediate_size)):
+            continue          # the default's warps already drop this far: a duplicate
+        for b in blocks:
+            depths = sorted({gemm_stages(b, warps, d, block_k) for d in STAGE_CHOICES})
+            out += [MoeConfig(b, up, d, down, block_k, warps)
+                    for up in splits for down in splits for d in depths
+                    if fits(m.hidden_size, up) and fits(m.intermediate_size, down)]
     return out
 
 
@@ -296,17 +312,19 @@ def default_config(spec: Spec, tokens: int) -> MoeConfig:
     buckets = up.attrs["block_buckets"]
     i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
     return MoeConfig(up.attrs["block_buckets"][i][1], up.attrs["tile"]["split_k"][i],
-                     up.attrs["tile"]["stages"][i], down.attrs["tile"]["split_k"][i])
+                     up.attrs["tile"]["stages"][i], down.attrs["tile"]["split_k"][i],
+                     up.attrs["tile"]["block_k"][i], up.attrs["tile"]["warps"][i])
 
 
-def same_tile(a: MoeConfig, b: MoeConfig, warps: int) -> bool:
+def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
     """Whether two configs build the same kernels (a ring depth the block cannot hold is cut
     by the tile pass, so 8 and 5 stages are the same for block 32)."""
     from .passes.tile import gemm_stages
-    return (a.moe_block, a.split_k, a.as_dict()["split_k_down"],
-            gemm_stages(a.moe_block, warps, a.stages)) == (
-        b.moe_block, b.split_k, b.as_dict()["split_k_down"],
-        gemm_stages(b.moe_block, warps, b.stages))
+
+    def built(c: MoeConfig) -> tuple:
+        return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
+                gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
+    return built(a) == built(b)
 
 
 def _candidates(space: list, label: str, start: float, budget_s: float | None, log):
@@ -355,7 +373,6 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
 
     from . import reference
     from .targets.cuda.bench import time_call
-    from .passes.tile import GEMM_TILE
     from .targets.cuda.runtime import MoeW4A16, _cupy
     cp = _cupy()
     spec = load_spec(spec)
@@ -401,7 +418,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
         best = keep_default_unless_faster(best, default_config(spec, t), default_us)
         results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                         "default_us": default_us, "checked": True})
-        if same_tile(best[1], default_config(spec, t), GEMM_TILE["warps"]):
+        if same_tile(best[1], default_config(spec, t)):
             log(f"  T={t}: the default config {best[1].as_dict()} is the best of {len(space)} "
                 f"(timed {default_us:.1f} us; no candidate beat it by {100 * TIMING_NOISE:.0f}%)")
         else:

@@ -1,4 +1,5 @@
 """The tuning database and the config space (CPU); a short sweep on the GPU (-m gpu)."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import moegen
 from moegen import autotune as at
 from moegen.passes.pipelines import lower
 from moegen.targets.compile import emit
+from moegen.targets.cuda.emitter import emit_moe
 from conftest import ROOT
 
 QWEN = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
@@ -84,7 +86,9 @@ def test_config_space_is_pruned():
     assert {c.moe_block for c in prefill} == {8, 16, 32, 64}
     assert {c.moe_block for c in at.config_space(moegen.load_spec(
         ROOT / "examples" / "mixtral-8x7b.yaml"), 64)} == {8, 16, 32}   # 16 slots per expert
-    assert {c.stages for c in decode} == {2, 4, 8}
+    assert {c.stages for c in decode if (c.block_k, c.warps) == (16, 4)} == {2, 4, 8}
+    # two k16 steps per stage: 8 stages of block 8 pass 48 KB, the tile pass would cut to 7
+    assert {c.stages for c in decode if c.block_k == 32} == {2, 4, 7}
     odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
                             "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
                                     "top_k": 2, "block_size": 4}, "targets": {"cuda": {}}})
@@ -149,8 +153,46 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 4)
     assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 5, 1)
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
-    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.default_config(mixtral, 2048), 4)
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1), 4)
+    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.default_config(mixtral, 2048))
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))
+
+
+def test_sweep_covers_k_per_stage_and_warps_default_first():
+    space = at.config_space(QWEN, 1)
+    tiles = [(c.block_k, c.warps) for c in space]
+    assert set(tiles) == {(16, 4), (32, 4), (16, 2)}
+    assert tiles[:tiles.index((32, 4))] == [(16, 4)] * tiles.index((32, 4))   # default first
+    # a group of 16 cannot hold two k16 steps per stage: no block-k=32 candidates
+    g16 = dataclasses.replace(QWEN, quant=dataclasses.replace(QWEN.quant, group_size=16))
+    assert {c.block_k for c in at.config_space(g16, 1)} == {16}
+    # every candidate's pipeline string builds (the tile pass accepts what the sweep proposes)
+    for cfg in space[::17]:
+        module = lower(QWEN, "cuda", cfg.pipeline())[0]
+        up = next(op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16")
+        assert set(up.attrs["tile"]["block_k"]) == {cfg.block_k}
+        assert set(up.attrs["tile"]["warps"]) == {cfg.warps}
+
+
+def test_tuned_k_per_stage_and_warps_per_bucket(tmp_path):
+    path = tmp_path / "t.json"
+    mixed = [dict(r, config={**r["config"], "block_k": 32 if r["tokens"] == 1 else 16,
+                             "warps": 2 if r["tokens"] == 2048 else 4}) for r in RESULTS]
+    at.TuningDB(path).record(QWEN, H200, mixed)
+    tuning = at.Tuning(at.TuningDB(path), H200)
+    module, _, pm = lower(QWEN, "cuda", tuning=tuning)
+    assert "block_k = [32, 16, 16, 16, 16], warps = [4, 4, 4, 4, 2]" in str(module)
+    program = emit_moe(QWEN, module, pm.pipeline, "sm_90")
+    names = [v["kernel"] for v in program.plan["gemms"][0]["variants"]]
+    assert names[0].endswith("_k32") and names[-1].endswith("_w2")
+    assert [k["block"] for k in program.plan["kernels"] if k["name"] == names[-1]] == [64]
+    # an entry written before these two keys existed keeps the defaults
+    old = [dict(r, config={k: v for k, v in r["config"].items() if k not in ("block_k", "warps")})
+           for r in mixed]
+    at.TuningDB(path).record(QWEN, H200, old)
+    text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    assert "block_k = [16, 16, 16, 16, 16], warps = [4, 4, 4, 4, 4]" in text
 
 
 
@@ -205,6 +247,9 @@ def test_short_autotune_on_the_gpu(tmp_path):
     layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
                                                         at.Device.current()))
     assert [b for _, b in layer.plan["buckets"]] == [r["config"]["moe_block"] for r in results]
+    variants = layer.plan["gemms"][0]["variants"]
+    assert [(16 * v["ks"], v["warps"]) for v in variants] == [
+        (r["config"]["block_k"], r["config"]["warps"]) for r in results]
 
 
 @pytest.mark.gpu

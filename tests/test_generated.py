@@ -123,10 +123,12 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_nvcc_compiles_two_k16_steps_per_stage(tmp_path, arch):
-    """tile{block-k=32} for the largest example: builds, no spills, rings within 48 KB."""
+@pytest.mark.parametrize("tile", ["block-k=32", "block-k=32,warps=2"])
+def test_nvcc_compiles_the_swept_gemm_tiles(tmp_path, arch, tile):
+    """The sweep's tiles (k per stage, warps) for the largest example: builds, no spills, rings
+    within 48 KB."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
-    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{block-k=32},alloc")
+    files = emit(spec, "cuda", f"fuse-align,fuse-swiglu,tile{{{tile}}},alloc")
     log = nvcc_build(write_emitted(files, "mixtral-8x7b", tmp_path), tmp_path, arch)
     assert_no_spills(log)
     smem = [int(s) for s in re.findall(r"(\d+) bytes smem", log)]

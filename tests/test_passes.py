@@ -107,7 +107,7 @@ def test_moe_passes_printed(path):
         r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
         + ".*block_buckets = " + re.escape(buckets),
         r"%activation = moe\.grouped_gemm_w4a16\(.*epilogue = \"swiglu\".*tile = \{block_n = 64, "
-        r"block_k = 16, warps = \d, stages = \[8(, [358])*\], split_k = \[",
+        r"block_k = \[16(, 16)*\], warps = \[4(, 4)*\], stages = \[8(, [358])*\], split_k = \[",
         r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
         r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
     ])
@@ -119,8 +119,8 @@ def test_tile_options_override_defaults():
     text = str(module)
     assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
-    assert ("tile = {block_n = 64, block_k = 16, warps = 2, stages = [3, 3, 3], "
-            "split_k = [4, 4, 1]}") in text
+    assert ("tile = {block_n = 64, block_k = [16, 16, 16], warps = [2, 2, 2], "
+            "stages = [3, 3, 3], split_k = [4, 4, 1]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -131,7 +131,7 @@ def test_split_k_divides_k_and_fills_the_gpu():
     for op in gemms:
         tile = op.attrs["tile"]
         k = op.operands[0].type.shape[1].value
-        assert (k // 16) % (tile["split_k"][0] * tile["warps"]) == 0
+        assert (k // 16) % (tile["split_k"][0] * tile["warps"][0]) == 0
     # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles
     assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1]
     assert gemms[1].attrs["tile"]["split_k"] == [4, 1, 1]

@@ -1,8 +1,9 @@
 """`tile`: record tile choices as op attributes (visible in the printed IR).
 
 Defaults are documented here and in docs/PASSES.md. A tuning database entry (moegen autotune)
-replaces the MoE block and split-K per bucket when the context carries one and no option fixes
-them; the buckets then end at the geometric midpoints between the measured token counts.
+replaces the MoE block, split-K, ring depth, k per stage and warps per bucket when the context
+carries one and no option fixes them (moe-block, split-k and split-k-down set aside the whole
+entry; stages, block-k and warps only their own value); the buckets then end at the geometric midpoints between the measured token counts.
 
 MoE (`moe_w4a16`):
 - moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, after
@@ -12,17 +13,16 @@ MoE (`moe_w4a16`):
   expert's weights are read by one block instead of several. A spec with `moe.block_size` or
   the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``:
-  64 columns per CTA (the packed weight tile), k per ring stage (16; block-k=32 puts two k16
-  steps in each stage: fewer waits and barriers per byte), 4 warps splitting the CTA's K
-  range; stages is
-  one entry per bucket: each warp streams its k16 steps through a cp.async ring of that many
-  shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass 48 KB:
-  block 32 -> 5, 64 -> 3); split_k is one entry per bucket: in a
-  decode bucket whose smallest call (one block per active expert) has fewer 64-column tiles
-  than the GPU has SMs (132), the K loop is split over CTAs until about four CTAs per SM are
-  busy; otherwise 1 (measured: splitting when every SM already has a tile only adds the
-  reduction). K/16 must divide evenly over split_k x warps (warps drop to 2 or 1
-  when it does not).
+  64 columns per CTA (the packed weight tile), then one entry per bucket in each list: k per
+  ring stage (16; block-k=32 puts two k16 steps in each stage: fewer waits and barriers per
+  byte), 4 warps splitting the CTA's K range (options set these for every bucket, a tuning
+  entry per bucket); stages: each warp streams its k16 steps through a cp.async ring of that
+  many shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass
+  48 KB: block 32 -> 5, 64 -> 3); split_k: in a decode bucket whose smallest call (one block
+  per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
+  split over CTAs until about four CTAs per SM are busy; otherwise 1 (measured: splitting
+  when every SM already has a tile only adds the reduction). K/16 must divide evenly over
+  split_k x warps (warps drop to 2 or 1 when it does not).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -120,8 +120,8 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
-    multiple of 8) would pass its static shared memory. (Measured on the H200: building the one-m16 blocks for
-    8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower at decode sizes.)"""
+    multiple of 8) would pass its static shared memory. (Measured on the H200: building the
+    decode blocks for 8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower.)"""
     ks = block_k // 16
     stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
@@ -191,7 +191,8 @@ class TilePass(Pass):
     def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
         fixed = self.option("moe-block")
-        # a tuning entry gives a block and a split per bucket, unless options say otherwise
+        # a tuning entry gives the tile per bucket, unless options fixing block or split say
+        # otherwise
         tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
                                                        or self.option("split-k-down")) else None)
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
@@ -208,44 +209,55 @@ class TilePass(Pass):
                 if self.option("block-n") not in (None, 64):
                     raise PipelineError(f"tile{{block-n={self.option('block-n')}}}: the MoE GEMM "
                                         "reads 64-column packed tiles (block-n=64)")
-                tile = {k: self.option(k.replace("_", "-"), v) for k, v in GEMM_TILE.items()}
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
-                tile["warps"] = fit_warps(k_dim, tile["warps"])
-                if (not splits_evenly(k_dim, 1, tile["warps"], tile["block_k"])
-                        or spec.quant.group_size % tile["block_k"]):
-                    raise PipelineError(f"tile{{block-k={tile['block_k']}}}: K = {k_dim} over "
-                                        f"{tile['warps']} warps, or the group "
-                                        f"{spec.quant.group_size}, is not a whole number of "
-                                        f"{tile['block_k']}-deep stages")
                 down = bool(op.attr("mul_topk_weights"))
-                split = self.option("split-k-down") if down and self.option("split-k-down") \
-                    else self.option("split-k")
-                if split and not splits_evenly(k_dim, split, tile["warps"], tile["block_k"]):
-                    raise PipelineError(f"tile{{split-k={split}}}: K = {k_dim} does not split into "
-                                     f"{split} x {tile['warps']} warps of {tile['block_k']}-deep "
-                                     "stages")
-                most = tile.pop("stages")
-                tuned_most = ([b[3] if len(b) > 3 and self.option("stages") is None else most
-                               for b in tuned_buckets] if tuned_buckets else [most] * len(buckets))
-                tile["stages"] = [gemm_stages(block, tile["warps"], m, tile["block_k"])
-                                  for (_, block), m in zip(buckets, tuned_most)]
-                if tuned_buckets:   # [edge, block, split, stages, split of the down GEMM]
-                    tile["split_k"] = [b[4] if down and len(b) > 4 else b[2]
-                                       for b in tuned_buckets]
-                    bad = [s for s in tile["split_k"]
-                           if not splits_evenly(k_dim, s, tile["warps"], tile["block_k"])]
-                    if bad:
-                        raise PipelineError(f"tuning entry: split-k {bad[0]} does not divide "
-                                            f"K = {k_dim} over {tile['warps']} warps")
-                    op.attrs["tile"] = tile
-                    continue
-                tile["split_k"] = [
-                    1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
-                        k_dim, n, min(spec.moe.num_experts,
-                                      bucket_floor(buckets, i) * spec.moe.top_k), tile)
-                    for i, (edge, _) in enumerate(buckets)]
-                op.attrs["tile"] = tile
+                op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, tuned_buckets)
+
+    def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
+                   tuned_buckets: list | None) -> dict:
+        """The tile attribute of one grouped GEMM: block_n, then per bucket block_k, warps,
+        ring stages and split-K (options first, then a tuning entry, then the defaults)."""
+        # a tuning entry's bucket: [edge, block, split, stages, split of the down GEMM,
+        # block_k, warps]; older entries stop after the split of the down GEMM
+        tuned = tuned_buckets or [None] * len(buckets)
+
+        def pick(option: str, b: list | None, index: int, default):
+            if self.option(option) is not None:
+                return self.option(option)
+            return b[index] if b is not None and len(b) > index else default
+
+        block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
+        warps = [fit_warps(k_dim, pick("warps", b, 6, GEMM_TILE["warps"])) for b in tuned]
+        for bk, w in zip(block_k, warps):
+            if not splits_evenly(k_dim, 1, w, bk) or spec.quant.group_size % bk:
+                raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
+                                    f"group {spec.quant.group_size}, is not a whole number of "
+                                    f"{bk}-deep stages")
+        split = self.option("split-k-down") if down and self.option("split-k-down") \
+            else self.option("split-k")
+        most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
+        stages = [gemm_stages(block, w, m, bk)
+                  for (_, block), m, w, bk in zip(buckets, most, warps, block_k)]
+        if tuned_buckets:
+            splits = [b[4] if down and len(b) > 4 else b[2] for b in tuned_buckets]
+        else:
+            splits = [
+                1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
+                    k_dim, n, min(spec.moe.num_experts,
+                                  bucket_floor(buckets, i) * spec.moe.top_k),
+                    {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]})
+                for i, (edge, _) in enumerate(buckets)]
+        for sp, w, bk in zip(splits, warps, block_k):
+            if splits_evenly(k_dim, sp, w, bk):
+                continue
+            if tuned_buckets:
+                raise PipelineError(f"tuning entry: split-k {sp} does not divide K = {k_dim} "
+                                    f"over {w} warps of {bk}-deep stages")
+            raise PipelineError(f"tile{{split-k={sp}}}: K = {k_dim} does not split into {sp} x "
+                                f"{w} warps of {bk}-deep stages")
+        return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
+                "stages": stages, "split_k": splits}
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec

@@ -168,7 +168,7 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMMs (the mainloop is moegen::grouped_gemm in moegen_w4a16.cuh)
-// gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k
+// gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -177,7 +177,7 @@ moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, co
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 128, 4 tiles of 64 columns, block 4, split-K 2, 8 ring stages of 16 k
+// down: K = 128, 4 tiles of 64 columns, block 4, split-K 2, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b4_s2_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

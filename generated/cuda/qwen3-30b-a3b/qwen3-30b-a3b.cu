@@ -168,7 +168,7 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMMs (the mainloop is moegen::grouped_gemm in moegen_w4a16.cuh)
-// gate_up: K = 2048, 24 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k
+// gate_up: K = 2048, 24 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -177,7 +177,7 @@ moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, co
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// gate_up: K = 2048, 24 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k
+// gate_up: K = 2048, 24 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -186,7 +186,7 @@ moe_gemm_gate_up_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, c
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 768, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k
+// down: K = 768, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -195,7 +195,7 @@ moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 768, 32 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k
+// down: K = 768, 32 tiles of 64 columns, block 32, split-K 1, 5 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

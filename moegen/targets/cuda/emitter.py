@@ -41,9 +41,8 @@ class GemmPlan:
     epilogue: int        # 0 none, 1 swiglu
     perm_gate_up: bool
     mul_weights: bool
-    warps: int
-    ks: int              # k16 steps per copy-ring stage
-    variants: list[dict] = field(default_factory=list)   # per bucket: block, split, kernel
+    # per bucket: block, split, stages, warps, ks (k16 steps per ring stage), kernel
+    variants: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -73,13 +72,17 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
             row_div=int(op.attr("topk")), epilogue=epi, perm_gate_up=gate_up,
-            mul_weights=bool(op.attr("mul_topk_weights")), warps=tile["warps"],
-            ks=tile["block_k"] // 16)
-        for (edge, block), split, stages in zip(op.attrs["block_buckets"], tile["split_k"],
-                                                tile["stages"]):
-            kernel = f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
+            mul_weights=bool(op.attr("mul_topk_weights")))
+        for (edge, block), split, stages, warps, block_k in zip(
+                op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
+                tile["block_k"]):
+            # named by what varies; warps and k per stage only where they are not 4 and 16
+            kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
+                      + (f"_k{block_k}" if block_k != 16 else "")
+                      + (f"_w{warps}" if warps != 4 else ""))
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
-                               "stages": stages, "kernel": kernel})
+                               "stages": stages, "warps": warps, "ks": block_k // 16,
+                               "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
@@ -113,7 +116,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         for v in g.variants:
             if v["split"] > 1:
                 blocks = max_blocks(v["max_tokens"], m.top_k, m.num_experts, v["block"])
-                rows = -(-v["block"] // 16) * 16
+                rows = -(-v["block"] // 8) * 8          # the kernel's n8 tiles of rows
                 partial_bytes = max(partial_bytes,
                                     blocks * g.ntiles * v["split"] * rows * 64 * 4)
                 counter_ints = max(counter_ints, blocks * g.ntiles)
@@ -135,7 +138,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
             {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS},
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles, v["split"]],
-               "block": g.warps * 32, "reads": g.a, "writes": g.out}
+               "block": v["warps"] * 32, "reads": g.a, "writes": g.out}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

@@ -276,7 +276,7 @@ class MoeW4A16:
                 w, s = ((weights.w13, weights.w13_scales) if g["weights"] == "w13" else
                         (weights.w2, weights.w2_scales))
                 dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
-                self.kernels[v["kernel"]]((blocks, g["ntiles"], v["split"]), (g["warps"] * 32,),
+                self.kernels[v["kernel"]]((blocks, g["ntiles"], v["split"]), (v["warps"] * 32,),
                                           (src, w, s, sorted_ids, expert_ids, total, wflat,
                                            np.int32(slots), dst, partials, counters))
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
