@@ -252,7 +252,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="time the layer on the GPU against its memory floor",
                        description="Per token count: median time (CUDA graph replay, L2 "
-                                   "flushed), the int4 memory floor, %% of floor, PyTorch bf16.")
+                                   "flushed), the int4 memory floor, % of floor, PyTorch bf16.")
     s.add_argument("spec")
     s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
     s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "
