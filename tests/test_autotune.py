@@ -167,12 +167,12 @@ def test_sweep_covers_k_per_stage_and_warps_default_first():
     # a group of 16 cannot hold two k16 steps per stage: no block-k=32 candidates
     g16 = dataclasses.replace(QWEN, quant=dataclasses.replace(QWEN.quant, group_size=16))
     assert {c.block_k for c in at.config_space(g16, 1)} == {16}
-    # every candidate's pipeline string builds (the tile pass accepts what the sweep proposes)
-    for cfg in space[::17]:
-        module = lower(QWEN, "cuda", cfg.pipeline())[0]
-        up = next(op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16")
-        assert set(up.attrs["tile"]["block_k"]) == {cfg.block_k}
-        assert set(up.attrs["tile"]["warps"]) == {cfg.warps}
+    # every candidate's pipeline builds and emits, with the tile it asks for
+    for cfg in space:
+        module, _, pm = lower(QWEN, "cuda", cfg.pipeline())
+        program = emit_moe(QWEN, module, pm.pipeline, "sm_90")
+        up = program.plan["gemms"][0]["variants"][0]
+        assert (16 * up["ks"], up["warps"], up["block"]) == (cfg.block_k, cfg.warps, cfg.moe_block)
 
 
 def test_tuned_k_per_stage_and_warps_per_bucket(tmp_path):
