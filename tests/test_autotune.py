@@ -250,6 +250,9 @@ def test_short_autotune_on_the_gpu(tmp_path):
     variants = layer.plan["gemms"][0]["variants"]
     assert [(16 * v["ks"], v["warps"]) for v in variants] == [
         (r["config"]["block_k"], r["config"]["warps"]) for r in results]
+    # and in the printed IR: the tile attribute lists the tuned k per stage and warps per bucket
+    for key in ("block_k", "warps"):
+        assert f"{key} = [{', '.join(str(r['config'][key]) for r in results)}]" in layer.program.ir
 
 
 @pytest.mark.gpu
