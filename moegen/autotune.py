@@ -356,13 +356,15 @@ def _scored_infinite(cfg, exc: Exception, log) -> None:
 TIMING_NOISE = 0.05    # repeated 10-rep graph-replay medians of one config differ by 1.5-6% here
 
 
+def beats_default(us: float, default_us: float) -> bool:
+    """Whether a candidate's time beats the default config's own timing by more than the timing
+    noise (one that times at par on one run is no improvement, and may be slower on the next)."""
+    return us < default_us * (1 - TIMING_NOISE)
+
+
 def keep_default_unless_faster(best: tuple, default: MoeConfig, default_us: float) -> tuple:
-    """(time, config) to record: the sweep's best only where it beats the default config's own
-    timing by more than the timing noise; otherwise the default (a candidate that times at
-    par with the default on one run is not an improvement, and may be slower on the next)."""
-    if best[0] < default_us * (1 - TIMING_NOISE):
-        return best
-    return (default_us, default)
+    """(time, config) to record: the sweep's best where it beats the default, else the default."""
+    return best if beats_default(best[0], default_us) else (default_us, default)
 
 
 def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
@@ -415,10 +417,11 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
                 best = (us, cfg)
         if best[1] is None:
             continue
-        best = keep_default_unless_faster(best, default_config(spec, t), default_us)
+        default_cfg = default_config(spec, t)           # lowers the spec: once per count
+        best = keep_default_unless_faster(best, default_cfg, default_us)
         results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                         "default_us": default_us, "checked": True})
-        if same_tile(best[1], default_config(spec, t)):
+        if same_tile(best[1], default_cfg):
             log(f"  T={t}: the default config {best[1].as_dict()} is the best of {len(space)} "
                 f"(timed {default_us:.1f} us; no candidate beat it by {100 * TIMING_NOISE:.0f}%)")
         else:
@@ -476,7 +479,7 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
         except Exception as exc:   # compile failure, resources, wrong numbers: infinite
             _scored_infinite(cfg, exc, log)
     own = best.get(spec.lowering)
-    if own and own[0] >= default_us * (1 - TIMING_NOISE):   # not better than the defaults
+    if own and not beats_default(own[0], default_us):
         log(f"  M={s.m} {spec.lowering}: the default config is the best (timed {default_us:.1f} "
             f"us; no candidate beat it by {100 * TIMING_NOISE:.0f}%)")
         del best[spec.lowering]

@@ -3,7 +3,8 @@
 Defaults are documented here and in docs/PASSES.md. A tuning database entry (moegen autotune)
 replaces the MoE block, split-K, ring depth, k per stage and warps per bucket when the context
 carries one and no option fixes them (moe-block, split-k and split-k-down set aside the whole
-entry; stages, block-k and warps only their own value); the buckets then end at the geometric midpoints between the measured token counts.
+entry; stages, block-k and warps only their own value); the buckets then end at the geometric
+midpoints between the measured token counts.
 
 MoE (`moe_w4a16`):
 - moe block size per token-count bucket, ``block_buckets = [[max_tokens, block], ...]``, after
@@ -39,8 +40,8 @@ integer MMA
 (mma.sync m16n8k64 s4 directly). Measured on the H200 at the seed shape, s8 is 1.2x faster:
 Hopper's tensor cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
-warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64 columns, 4 warps, ring
-stages as for MoE, K split until about four CTAs per SM are busy.
+warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64
+columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM are busy.
 """
 from __future__ import annotations
 

@@ -397,9 +397,9 @@ __device__ __forceinline__ void grouped_gemm(
         iteration(i0 + u + 1, f1, f0);
       }
     }
-  } else {
+  } else {                                 // a group may start at any iteration
     for (int i = 0; i < WARP_ITERS; i += 2) {
-      for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {
+      for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {   // u: which of f0, f1 is current
         const int step = step0 + (i + u) * KS;
         if (i + u > 0 && step * 16 % G == 0) next_group(step * 16 / G);
         if (u == 0) iteration(i, f0, f1);

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ... import __version__
 from ..header import file_header
 from ...ir import Module
+from ...passes.tile import GEMM_TILE, align_up
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -76,10 +77,10 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         for (edge, block), split, stages, warps, block_k in zip(
                 op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
                 tile["block_k"]):
-            # named by what varies; warps and k per stage only where they are not 4 and 16
+            # named by what varies; k per stage and warps only where they are not the defaults
             kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
-                      + (f"_k{block_k}" if block_k != 16 else "")
-                      + (f"_w{warps}" if warps != 4 else ""))
+                      + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
+                      + (f"_w{warps}" if warps != GEMM_TILE["warps"] else ""))
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "kernel": kernel})
@@ -116,7 +117,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         for v in g.variants:
             if v["split"] > 1:
                 blocks = max_blocks(v["max_tokens"], m.top_k, m.num_experts, v["block"])
-                rows = -(-v["block"] // 8) * 8          # the kernel's n8 tiles of rows
+                rows = align_up(v["block"], 8)          # the kernel's n8 tiles of rows
                 partial_bytes = max(partial_bytes,
                                     blocks * g.ntiles * v["split"] * rows * 64 * 4)
                 counter_ints = max(counter_ints, blocks * g.ntiles)
