@@ -101,7 +101,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     header = file_header(spec, pipeline)
     source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
                     H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
-                    renormalize=m.renormalize, fuse_swiglu=fused, gemms=unique)
+                    renormalize=m.renormalize, fuse_swiglu=fused, gemms=unique,
+                    ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS)
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
     offsets = {}

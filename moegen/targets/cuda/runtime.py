@@ -169,6 +169,7 @@ class MoeW4A16:
         self.kernels = {}
         for k in self.plan["kernels"]:
             self.kernels[k["name"]] = self.module.get_function(k["name"])
+        self.threads = {k["name"]: k["block"] for k in self.plan["kernels"]}   # per CTA
         if "moe_swiglu" not in self.kernels:
             self.kernels["moe_swiglu"] = self.module.get_function("moe_swiglu")
         ws = self.plan["workspace"]
@@ -221,7 +222,9 @@ class MoeW4A16:
         la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
         ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
         wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
-        self.kernels["moe_router_topk"]((-(-t // 4),), (128,), (la, np.int32(t), ids, wts))
+        threads = self.threads["moe_router_topk"]        # one warp per token
+        self.kernels["moe_router_topk"]((-(-t // (threads // 32)),), (threads,),
+                                        (la, np.int32(t), ids, wts))
         return ids, wts
 
     # --- the layer call --------------------------------------------------------------------------
@@ -265,8 +268,9 @@ class MoeW4A16:
             expert_ids = self._view(cp, "expert_ids", cp.int32, slots)
             wflat = self._view(cp, "topk_weights_flat", cp.float32, rows)
             total = self._view(cp, "num_tokens_post_padded", cp.int32, 1)
-            self.kernels["moe_align"]((1,), (512,), (ids, wts, np.int32(slots), np.int32(block),
-                                                     sorted_ids, expert_ids, wflat, total))
+            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
+                                      (ids, wts, np.int32(slots), np.int32(block), sorted_ids,
+                                       expert_ids, wflat, total))
             partials = self._scratch(cp, "partials", cp.float32)
             counters = self._scratch(cp, "counters", cp.int32)
             blocks = max_blocks(t, k, m.num_experts, block)
