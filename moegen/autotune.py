@@ -302,6 +302,16 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
     return out
 
 
+def msd_default_config(spec: Spec) -> dict:
+    """The config (as recorded) the tile pass picks for an MSD spec without a database."""
+    from .passes.pipelines import lower
+    module = lower(spec, "cuda", tuning=None)[0]
+    tile = next(op for op in module.function().ops if op.NAME == "msd.group_loop").attrs["tile"]
+    if spec.lowering == "dequant":
+        return MsdConfig("dequant", tile["split_k"]).as_dict()
+    return MsdConfig("msd", tile["split_k"], tile["mma"], tile["block_n"]).as_dict(spec.schedule)
+
+
 def default_config(spec: Spec, tokens: int) -> MoeConfig:
     """The config the tile pass picks without a database for a call of `tokens` tokens."""
     from .passes.pipelines import lower
@@ -479,13 +489,17 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
         except Exception as exc:   # compile failure, resources, wrong numbers: infinite
             _scored_infinite(cfg, exc, log)
     own = best.get(spec.lowering)
-    if own and not beats_default(own[0], default_us):
+    kept_default = bool(own) and not beats_default(own[0], default_us)
+    if kept_default:
+        # recorded as such, like the MoE sweep: the entry says the defaults were measured best
+        best[spec.lowering] = (default_us, msd_default_config(spec))
         log(f"  M={s.m} {spec.lowering}: the default config is the best (timed {default_us:.1f} "
             f"us; no candidate beat it by {100 * TIMING_NOISE:.0f}%)")
-        del best[spec.lowering]
     results = [{"tokens": s.m, "config": c, "time_us": us, "default_us": default_us,
                 "checked": True} for us, c in sorted(best.values(), key=lambda b: b[0])]
     for r in results:
+        if kept_default and r["config"]["lowering"] == spec.lowering:
+            continue                                      # said above
         log(f"  M={s.m} {r['config']['lowering']}: best {r['config']} {r['time_us']:.1f} us, "
             f"default ({spec.lowering}, {spec.schedule}) {default_us:.1f} us "
             f"({default_us / r['time_us']:.2f}x)")

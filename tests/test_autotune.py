@@ -229,6 +229,20 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
                                        tuning=tuning)[0])
 
 
+def test_msd_default_config_records_the_default_tile(tmp_path):
+    """When no candidate beats the defaults the sweep records them: read back, the same tile."""
+    for spec in (MSD, dataclasses.replace(MSD, lowering="dequant")):
+        cfg = at.msd_default_config(spec)
+        assert cfg["lowering"] == spec.lowering
+        untuned = str(lower(spec, "cuda", tuning=None)[0])
+        path = tmp_path / f"{spec.lowering}.json"
+        at.TuningDB(path).record(spec, H200, [{"tokens": spec.msd.m, "config": cfg,
+                                               "time_us": 40.0, "default_us": 40.0,
+                                               "checked": True}])
+        assert str(lower(spec, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]) == untuned
+    assert at.msd_default_config(MSD)["schedule"] == MSD.schedule
+
+
 def test_hand_edited_bad_split_fails_clearly(tmp_path):
     path = tmp_path / "t.json"
     bad = [dict(r, config={"moe_block": 8, "split_k": 7}) for r in RESULTS[:1]]
