@@ -414,6 +414,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
         default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
         space = config_space(spec, t)
         best = (math.inf, None)
+        timed = 0
         for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
             try:
                 layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(), tuning=None)
@@ -423,17 +424,21 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             except Exception as exc:  # compile failure, resources, wrong numbers: infinite
                 _scored_infinite(cfg, exc, log)
                 continue
+            timed += 1
             if us < best[0]:
                 best = (us, cfg)
         if best[1] is None:
             continue
         default_cfg = default_config(spec, t)           # lowers the spec: once per count
+        swept = best
         best = keep_default_unless_faster(best, default_cfg, default_us)
         results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                         "default_us": default_us, "checked": True})
         if same_tile(best[1], default_cfg):
-            log(f"  T={t}: the default config {best[1].as_dict()} is the best of {len(space)} "
-                f"(timed {default_us:.1f} us; no candidate beat it by {100 * TIMING_NOISE:.0f}%)")
+            log(f"  T={t}: kept the default config {best[1].as_dict()} ({default_us:.1f} us): "
+                f"the fastest of {timed} candidates timed (of {len(space)}), "
+                f"{swept[1].as_dict()}, took {swept[0]:.1f} us; a candidate must beat the "
+                f"default by {100 * TIMING_NOISE:.0f}%")
         else:
             log(f"  T={t}: best {best[1].as_dict()} {best[0]:.1f} us, default {default_us:.1f} "
                 f"us ({default_us / best[0]:.2f}x)")
