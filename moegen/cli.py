@@ -130,15 +130,12 @@ def cmd_bench(args) -> int:
             raise UsageError("--pass-pipeline: an msd_matmul bench times its fixed variants "
                              "(basic, preload, s4, dequant); set tile options in a tuning "
                              "database instead")
-        if args.no_pdl:
-            raise UsageError("--no-pdl: an msd_matmul operator is one kernel (only the MoE "
-                             "layer chains launches)")
         rows = _token_list(args.rows) if args.rows else [spec.msd.m]
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
-         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline, pdl=not args.no_pdl)
+         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline)
     return 0
 
 
@@ -268,8 +265,6 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
-    s.add_argument("--no-pdl", action="store_true", help="moe_w4a16 specs: launch the layer's "
-                   "kernels one after the other, without programmatic dependent launch")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("autotune", help="sweep block sizes and split-K on the GPU, record the best",

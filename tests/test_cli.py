@@ -107,8 +107,6 @@ def test_gpu_commands_without_a_gpu_say_so(tmp_path):
     assert proc.returncode == 2 and "--tokens '1,x'" in proc.stderr
     proc = run_moegen("bench", "examples/msd-seed.yaml", "--pass-pipeline", "tile", cwd=ROOT)
     assert proc.returncode == 2 and "--pass-pipeline: an msd_matmul bench" in proc.stderr
-    proc = run_moegen("bench", "examples/msd-seed.yaml", "--no-pdl", cwd=ROOT)
-    assert proc.returncode == 2 and "--no-pdl: an msd_matmul operator is one kernel" in proc.stderr
     proc = run_moegen("bench", "examples/moe-seed.yaml", "--tuning-db", str(tmp_path / "no.json"),
                       cwd=ROOT)
     assert proc.returncode == 2 and "no.json: no such file" in proc.stderr

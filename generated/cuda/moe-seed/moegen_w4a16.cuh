@@ -10,17 +10,6 @@ namespace moegen {
 // (NVRTC has no <stdint.h> or <math.h>: the helpers use plain unsigned and this constant)
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
-// Programmatic dependent launch (sm_90): every kernel of the MoE layer starts here. Wait until
-// the kernel before it in the stream has finished and its writes are visible, then let the
-// next kernel's CTAs be scheduled: its launch overlaps this kernel's run instead of following
-// its end. Without the launch attribute (see moegen/targets/cuda/launch.py) both return at once.
-__device__ __forceinline__ void follow_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Two nibbles (bits 0-3 and 16-19 of w) -> two fp16 in one register: OR-ing a 4-bit value u into
 // the mantissa of 1024.0 (0x6400) gives exactly 1024 + u; subtracting 1032 leaves u - 8, the
 // signed value of a nibble stored as u = q + 8.

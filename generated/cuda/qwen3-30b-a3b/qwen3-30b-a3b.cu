@@ -24,7 +24,6 @@ constexpr bool RENORMALIZE = true;
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
                 float* __restrict__ topk_weights) {
-  moegen::follow_previous_kernel();
   const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (token >= num_tokens) return;
@@ -92,7 +91,6 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
           int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
           float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  moegen::follow_previous_kernel();
   __shared__ int counts[E], offsets[E], cursor[E];
   __shared__ int warp_counts[ALIGN_WARPS][E];
   __shared__ int total;
@@ -175,7 +173,6 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::follow_previous_kernel();
   moegen::grouped_gemm<8, 1, 2048, 24, 768, 128, 4, 8, 1, 8, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
@@ -185,7 +182,6 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::follow_previous_kernel();
   moegen::grouped_gemm<32, 1, 2048, 24, 768, 128, 4, 5, 1, 8, 1, true, false, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
@@ -195,7 +191,6 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::follow_previous_kernel();
   moegen::grouped_gemm<8, 1, 768, 32, 2048, 128, 4, 8, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
@@ -205,7 +200,6 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::follow_previous_kernel();
   moegen::grouped_gemm<32, 1, 768, 32, 2048, 128, 4, 5, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
@@ -214,7 +208,6 @@ moe_gemm_down_b32_s1_p5(const half* a, const uint4* w, const uint4* scales, cons
 // SwiGLU (the unfused path): act[s, i] = silu(gate_up[s, i]) * gate_up[s, I + i].
 extern "C" __global__ void moe_swiglu(const half* __restrict__ gate_up, int num_slots,
                                       half* __restrict__ act) {
-  moegen::follow_previous_kernel();
   constexpr int I = 768;
   const size_t n = (size_t)num_slots * I;
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;
@@ -228,7 +221,6 @@ extern "C" __global__ void moe_swiglu(const half* __restrict__ gate_up, int num_
 // Sum over the top-k slots of each token, in k order: out[t] = sum_k down[t * TOPK + k].
 extern "C" __global__ void moe_aggregate(const half* __restrict__ down, int num_tokens,
                                          half* __restrict__ out) {
-  moegen::follow_previous_kernel();
   constexpr int H = 2048;
   const size_t n = (size_t)num_tokens * (H / 8);
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;

@@ -141,10 +141,10 @@ class TorchBaseline:
 
 def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
               baseline: bool = True, log=print, tuning="auto",
-              pipeline: str | None = None, pdl: bool = True) -> list[dict]:
+              pipeline: str | None = None) -> list[dict]:
     cp = _cupy()
     spec = load_spec(spec)
-    layer = MoeW4A16(spec, pipeline=pipeline, tuning=tuning, pdl=pdl)
+    layer = MoeW4A16(spec, pipeline=pipeline, tuning=tuning)
     m = spec.moe
     weights = random_packed(cp, layer)
     per_expert = expert_bytes(layer, weights)
@@ -159,8 +159,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     rows = []
     device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     log(f"{spec.name} on {device}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-        f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert; launches "
-        f"{'with' if layer.pdl else 'without'} PDL")
+        f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert")
     log(f"{'T':>6} {'experts':>7} {'moegen us':>10} {'floor us':>9} {'% floor':>8} "
         f"{'bf16 us':>9} {'vs bf16':>8}")
     for t in tokens:
@@ -190,7 +189,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"spec": spec.name, "device": device, "copy_bandwidth": bw,
-                       "pdl": layer.pdl, "rows": rows}, f, indent=2)
+                       "rows": rows}, f, indent=2)
     return rows
 
 

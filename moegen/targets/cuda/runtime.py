@@ -17,7 +17,6 @@ from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -148,13 +147,11 @@ class MoeW4A16:
     y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
 
     The result is a view of the layer's output buffer, valid until the next call; pass
-    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later every kernel after the first of
-    a call is launched with programmatic dependent launch (moegen/targets/cuda/launch.py);
-    `pdl=False` launches them one after the other instead (same results, bit for bit).
+    `out=` (fp16 [T, H]) to write elsewhere.
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
-                 arch: str | None = None, tuning="auto", pdl: bool = True):
+                 arch: str | None = None, tuning="auto"):
         cp = _cupy()
         tuning = resolve_tuning(tuning)
         self.spec = load_spec(spec)
@@ -180,16 +177,6 @@ class MoeW4A16:
         m = self.spec.moe
         self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
         self.gemms = self.plan["gemms"]
-        self.pdl = pdl and pdl_supported(self.arch)
-
-    def _launch(self, stream, name: str, grid: tuple, block: int, args: tuple,
-                follows: bool = True):
-        """One kernel of the layer; `follows`: launched right after another kernel of this
-        call (with PDL its launch may overlap that kernel's run)."""
-        if self.pdl and follows:
-            launch_after_previous(self.kernels[name], grid, block, args, stream)
-        else:
-            self.kernels[name](grid, (block,), args)
 
     # --- workspace views --------------------------------------------------------------------
     def _view(self, cp, name: str, dtype, count: int):
@@ -225,20 +212,19 @@ class MoeW4A16:
         workspace, valid until the next call."""
         cp = _cupy()
         t = int(router_logits.shape[0])
-        stream = _stream_for(cp, router_logits)
-        with stream:
-            ids, wts = self._route(cp, stream, router_logits, t)
+        with _stream_for(cp, router_logits):
+            ids, wts = self._route(cp, router_logits, t)
         k = self.spec.moe.top_k
         return ids.reshape(t, k), wts.reshape(t, k)
 
-    def _route(self, cp, stream, logits, t: int):
+    def _route(self, cp, logits, t: int):
         m = self.spec.moe
         la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
         ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
         wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
         threads = self.threads["moe_router_topk"]        # one warp per token
-        self._launch(stream, "moe_router_topk", (-(-t // (threads // 32)),), threads,
-                     (la, np.int32(t), ids, wts), follows=False)
+        self.kernels["moe_router_topk"]((-(-t // (threads // 32)),), (threads,),
+                                        (la, np.int32(t), ids, wts))
         return ids, wts
 
     # --- the layer call --------------------------------------------------------------------------
@@ -268,7 +254,7 @@ class MoeW4A16:
             if logits is not None:
                 if topk_ids is not None or topk_weights is not None:
                     raise ValueError("give router logits or topk_ids/topk_weights, not both")
-                ids, wts = self._route(cp, stream, logits, t)
+                ids, wts = self._route(cp, logits, t)
             else:
                 if topk_ids is None or topk_weights is None:
                     raise ValueError("without router logits, give topk_ids and topk_weights")
@@ -282,9 +268,9 @@ class MoeW4A16:
             expert_ids = self._view(cp, "expert_ids", cp.int32, slots)
             wflat = self._view(cp, "topk_weights_flat", cp.float32, rows)
             total = self._view(cp, "num_tokens_post_padded", cp.int32, 1)
-            self._launch(stream, "moe_align", (1,), self.threads["moe_align"],
-                         (ids, wts, np.int32(slots), np.int32(block), sorted_ids, expert_ids,
-                          wflat, total), follows=logits is not None)
+            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
+                                      (ids, wts, np.int32(slots), np.int32(block), sorted_ids,
+                                       expert_ids, wflat, total))
             partials = self._scratch(cp, "partials", cp.float32)
             counters = self._scratch(cp, "counters", cp.int32)
             blocks = max_blocks(t, k, m.num_experts, block)
@@ -294,19 +280,19 @@ class MoeW4A16:
                 w, s = ((weights.w13, weights.w13_scales) if g["weights"] == "w13" else
                         (weights.w2, weights.w2_scales))
                 dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
-                self._launch(stream, v["kernel"], (blocks, g["ntiles"], v["split"]),
-                             v["warps"] * 32, (src, w, s, sorted_ids, expert_ids, total, wflat,
-                                               np.int32(slots), dst, partials, counters))
+                self.kernels[v["kernel"]]((blocks, g["ntiles"], v["split"]), (v["warps"] * 32,),
+                                          (src, w, s, sorted_ids, expert_ids, total, wflat,
+                                           np.int32(slots), dst, partials, counters))
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
                     act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
                     n = slots * m.intermediate_size
-                    self._launch(stream, "moe_swiglu", (min(-(-n // 256), 65535),), 256,
-                                 (dst, np.int32(slots), act))
+                    self.kernels["moe_swiglu"]((min(-(-n // 256), 65535),), (256,),
+                                               (dst, np.int32(slots), act))
                     dst = act
                 src = dst
             n8 = t * m.hidden_size // 8
-            self._launch(stream, "moe_aggregate", (min(-(-n8 // 256), 65535),), 256,
-                         (src, np.int32(t), y))
+            self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
+                                          (src, np.int32(t), y))
         return _result(x, y, out)
 
 
