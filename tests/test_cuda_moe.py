@@ -129,6 +129,61 @@ def test_router_matches_reference(rng):
     assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6)
 
 
+ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_post_padded")
+
+
+@pytest.mark.parametrize("shape,tokens", [((256, 128, 128, 8), (1, 5, 16, 63, 64)),
+                                          ((256, 128, 64, 16), (1, 31, 32))])
+def test_fused_route_align_matches_router_then_align(rng, shape, tokens):
+    """Up to route_align_max_tokens one CTA routes and aligns: the same top-k, sorted slots,
+    block experts, weights and padded total as the router and align kernels, bit for bit."""
+    h, i, e, k = shape
+    layer = layer_for(moe_spec(h, i, e, k))
+    most = layer.route_align_max_tokens
+    assert most == min(64, 512 // k) and max(tokens) == most
+    packed = layer.pack(*moe_weights(rng, e, h, i, 128))
+
+    def call(x, logits, limit):
+        layer.route_align_max_tokens = limit
+        try:
+            for name in ALIGNED:                      # poison what align writes
+                b = layer.plan["workspace"]["buffers"][name]
+                layer.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
+            layer.out.fill(POISON)
+            y = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
+        finally:
+            layer.route_align_max_tokens = most
+        t = x.shape[0]
+        total = int(cp.asnumpy(layer._view(cp, "num_tokens_post_padded", cp.int32, 1))[0])
+        block = next(b for edge, b in layer.plan["buckets"] if t <= edge)
+        got = {name: cp.asnumpy(layer._view(cp, name, dtype, n)) for name, dtype, n in (
+            ("sorted_token_ids", cp.int32, total), ("topk_weights_flat", cp.float32, total),
+            ("expert_ids", cp.int32, total // block))}       # (the top-k buffers are reused)
+        return y, total, got
+
+    for t in tokens:
+        x = cp.asarray(rng.standard_normal((t, h)).astype(np.float16))
+        logits_h = rng.standard_normal((t, e)).astype(np.float32)
+        logits = cp.asarray(logits_h)
+        fused = call(x, logits, most)
+        split = call(x, logits, 0)                    # the router and align kernels
+        assert fused[1] == split[1] and fused[1] >= t * k
+        assert np.array_equal(fused[0], split[0]), f"T={t}: outputs differ"
+        for name in fused[2]:
+            assert np.array_equal(fused[2][name].view(np.uint32), split[2][name].view(np.uint32)), \
+                f"T={t}: {name} differs"
+        # the sorted slots against the reference router: slot s = token * k + j of expert e
+        want_ids, want_w = R.topk_softmax(logits_h, k, True)
+        slots = fused[2]["sorted_token_ids"]
+        real = slots < t * k
+        assert sorted(slots[real].tolist()) == list(range(t * k))
+        experts = np.repeat(fused[2]["expert_ids"], fused[1] // len(fused[2]["expert_ids"]))
+        assert np.array_equal(experts[real], want_ids.ravel()[slots[real]])
+        assert np.allclose(fused[2]["topk_weights_flat"][real], want_w.ravel()[slots[real]],
+                           rtol=1e-5, atol=1e-6)
+        assert (fused[2]["topk_weights_flat"][~real] == 0).all() and (slots[~real] == t * k).all()
+
+
 def test_bitwise_deterministic(rng):
     layer = layer_for(moe_spec(2048, 768, 128, 8))
     m = layer.spec.moe

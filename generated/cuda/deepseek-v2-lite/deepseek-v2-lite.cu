@@ -21,12 +21,9 @@ constexpr int TOPK = 6;
 constexpr int ROUTER_WARPS = 4;
 constexpr bool RENORMALIZE = false;
 
-extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
-moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
-                float* __restrict__ topk_weights) {
-  const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (token >= num_tokens) return;
+// The top-k of one token, computed by one warp; every lane ends with all TOPK ids and weights.
+__device__ __forceinline__ void route_token(const float* __restrict__ logits, int token, int lane,
+                                            int (&id)[TOPK], float (&w)[TOPK]) {
   constexpr int PER_LANE = (E + 31) / 32;   // lane holds experts lane, lane + 32, ...
   float v[PER_LANE];
   float row_max = moegen::neg_inf();
@@ -42,8 +39,6 @@ moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restric
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
   unsigned taken = 0;
-  float w[TOPK];
-  int id[TOPK];
   float picked = 0.0f;
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
@@ -71,11 +66,26 @@ moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restric
     w[k] = expf(best - row_max) / denom;
     picked += w[k];
   }
+  if (RENORMALIZE) {
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) w[k] /= picked;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
+moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
+                float* __restrict__ topk_weights) {
+  const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (token >= num_tokens) return;
+  int id[TOPK];
+  float w[TOPK];
+  route_token(logits, token, lane, id, w);
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) {
       topk_ids[token * TOPK + k] = id[k];
-      topk_weights[token * TOPK + k] = RENORMALIZE ? w[k] / picked : w[k];
+      topk_weights[token * TOPK + k] = w[k];
     }
   }
 }
@@ -87,27 +97,33 @@ moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restric
 constexpr int ALIGN_THREADS = 512;
 constexpr int ALIGN_WARPS = ALIGN_THREADS / 32;
 
-extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
-moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
-          int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
-          float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  __shared__ int counts[E], offsets[E], cursor[E];
-  __shared__ int warp_counts[ALIGN_WARPS][E];
-  __shared__ int total;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  for (int e = tid; e < E; e += ALIGN_THREADS) {
-    counts[e] = 0;
-    for (int w = 0; w < ALIGN_WARPS; ++w) warp_counts[w][e] = 0;
+struct AlignShared {
+  int counts[E], offsets[E], cursor[E];
+  int warp_counts[ALIGN_WARPS][E];
+  int total;
+};
+
+__device__ __forceinline__ void align_clear_counts(AlignShared& sh) {
+  for (int e = threadIdx.x; e < E; e += ALIGN_THREADS) {
+    sh.counts[e] = 0;
+    for (int w = 0; w < ALIGN_WARPS; ++w) sh.warp_counts[w][e] = 0;
   }
-  __syncthreads();
-  for (int s = tid; s < num_slots; s += ALIGN_THREADS) atomicAdd(&counts[topk_ids[s]], 1);
-  __syncthreads();
+}
+
+// Everything after the per-expert counts (in sh.counts, synchronized): offsets, padding,
+// expert of each block, and the slots in order. ids / weights: global or shared memory.
+__device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, const float* weights,
+                                            int num_slots, int block, int* __restrict__ sorted_ids,
+                                            int* __restrict__ expert_ids,
+                                            float* __restrict__ weights_flat,
+                                            int* __restrict__ total_out) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (warp == 0) {   // exclusive scan of the padded counts, CHUNK experts per lane
     constexpr int CHUNK = (E + 31) / 32;
     int local = 0;
     for (int i = 0; i < CHUNK; ++i) {
       const int e = lane * CHUNK + i;
-      if (e < E) local += (counts[e] + block - 1) / block * block;
+      if (e < E) local += (sh.counts[e] + block - 1) / block * block;
     }
     int incl = local;
 #pragma unroll
@@ -119,51 +135,102 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
     for (int i = 0; i < CHUNK; ++i) {
       const int e = lane * CHUNK + i;
       if (e < E) {
-        offsets[e] = run;
-        cursor[e] = run;
-        run += (counts[e] + block - 1) / block * block;
+        sh.offsets[e] = run;
+        sh.cursor[e] = run;
+        run += (sh.counts[e] + block - 1) / block * block;
       }
     }
-    if (lane == 31) total = incl;
+    if (lane == 31) sh.total = incl;
   }
   __syncthreads();
+  const int total = sh.total;
   if (tid == 0) *total_out = total;
   for (int r = tid; r < total; r += ALIGN_THREADS) {
     sorted_ids[r] = num_slots;
     weights_flat[r] = 0.0f;
   }
   for (int e = tid; e < E; e += ALIGN_THREADS) {
-    const int first = offsets[e] / block;
-    const int blocks = (counts[e] + block - 1) / block;
+    const int first = sh.offsets[e] / block;
+    const int blocks = (sh.counts[e] + block - 1) / block;
     for (int b = 0; b < blocks; ++b) expert_ids[first + b] = e;
   }
   __syncthreads();
   const unsigned lanes_below = (1u << lane) - 1u;
   for (int base = 0; base < num_slots; base += ALIGN_THREADS) {
     const int s = base + tid;
-    const int e = s < num_slots ? topk_ids[s] : -1;
+    const int e = s < num_slots ? ids[s] : -1;
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(same & lanes_below);
-    if (e >= 0 && rank == 0) warp_counts[warp][e] = __popc(same);
+    if (e >= 0 && rank == 0) sh.warp_counts[warp][e] = __popc(same);
     __syncthreads();
     if (e >= 0) {
       int before = 0;
-      for (int w = 0; w < warp; ++w) before += warp_counts[w][e];
-      const int pos = cursor[e] + before + rank;
+      for (int w = 0; w < warp; ++w) before += sh.warp_counts[w][e];
+      const int pos = sh.cursor[e] + before + rank;
       sorted_ids[pos] = s;
-      weights_flat[pos] = topk_weights[s];
+      weights_flat[pos] = weights[s];
     }
     __syncthreads();
     for (int x = tid; x < E; x += ALIGN_THREADS) {
       int n = 0;
       for (int w = 0; w < ALIGN_WARPS; ++w) {
-        n += warp_counts[w][x];
-        warp_counts[w][x] = 0;
+        n += sh.warp_counts[w][x];
+        sh.warp_counts[w][x] = 0;
       }
-      cursor[x] += n;
+      sh.cursor[x] += n;
     }
     __syncthreads();
   }
+}
+
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
+          int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+          float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  __shared__ AlignShared sh;
+  align_clear_counts(sh);
+  __syncthreads();
+  for (int s = threadIdx.x; s < num_slots; s += ALIGN_THREADS) atomicAdd(&sh.counts[topk_ids[s]], 1);
+  __syncthreads();
+  align_slots(sh, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids, weights_flat,
+              total_out);
+}
+
+// Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
+// tokens warp, warp + ALIGN_WARPS, ... into shared memory and counts them, then the align above
+// runs on the shared copy. At decode sizes each of the two kernels costs more in its own launch
+// and global round trips than in its work.
+constexpr int ROUTE_ALIGN_MAX_TOKENS = 64;
+
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
+                float* __restrict__ topk_weights, int block, int* __restrict__ sorted_ids,
+                int* __restrict__ expert_ids, float* __restrict__ weights_flat,
+                int* __restrict__ total_out) {
+  __shared__ AlignShared sh;
+  __shared__ int ids[ROUTE_ALIGN_MAX_TOKENS * TOPK];
+  __shared__ float weights[ROUTE_ALIGN_MAX_TOKENS * TOPK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  align_clear_counts(sh);
+  __syncthreads();
+  for (int token = warp; token < num_tokens; token += ALIGN_WARPS) {
+    int id[TOPK];
+    float w[TOPK];
+    route_token(logits, token, lane, id, w);
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < TOPK; ++k) {
+        ids[token * TOPK + k] = id[k];
+        weights[token * TOPK + k] = w[k];
+        topk_ids[token * TOPK + k] = id[k];
+        topk_weights[token * TOPK + k] = w[k];
+        atomicAdd(&sh.counts[id[k]], 1);
+      }
+    }
+  }
+  __syncthreads();
+  align_slots(sh, ids, weights, num_tokens * TOPK, block, sorted_ids, expert_ids, weights_flat,
+              total_out);
 }
 
 // ---------------------------------------------------------------------------------------------

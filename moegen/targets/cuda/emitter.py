@@ -20,6 +20,14 @@ from ...spec import Spec
 HEADER_FILE = "moegen_w4a16.cuh"
 ROUTER_WARPS = 4
 ALIGN_THREADS = 512
+ROUTE_ALIGN_SLOTS = 512     # shared-memory slots of the fused router + align kernel (4 KB)
+ROUTE_ALIGN_TOKENS = 64     # and at most this many tokens (4 per warp of the align CTA)
+
+
+def route_align_max_tokens(top_k: int) -> int:
+    """The largest call the one-CTA router + align kernel takes (larger calls launch the router
+    and align kernels)."""
+    return max(1, min(ROUTE_ALIGN_TOKENS, ROUTE_ALIGN_SLOTS // top_k))
 
 
 def max_blocks(tokens: int, top_k: int, num_experts: int, block: int) -> int:
@@ -102,7 +110,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
                     H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
                     renormalize=m.renormalize, fuse_swiglu=fused, gemms=unique,
-                    ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS)
+                    ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
+                    ROUTE_ALIGN_MAX_TOKENS=route_align_max_tokens(m.top_k))
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
     offsets = {}
@@ -135,9 +144,13 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                   "top_k": m.top_k, "group": spec.quant.group_size},
         "buckets": [[v["max_tokens"], v["block"]] for v in buckets],
         "kernels": [
+            {"name": "moe_route_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
+             "when": f"router logits given, T <= {route_align_max_tokens(m.top_k)}"},
             {"name": "moe_router_topk", "grid": ["ceil(T / %d)" % ROUTER_WARPS, 1, 1],
-             "block": ROUTER_WARPS * 32, "when": "router logits given"},
-            {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS},
+             "block": ROUTER_WARPS * 32,
+             "when": f"router logits given, T > {route_align_max_tokens(m.top_k)}"},
+            {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
+             "when": f"routing given, or T > {route_align_max_tokens(m.top_k)}"},
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles, v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out}
@@ -146,6 +159,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                                  "block": 256}]),
             {"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1], "block": 256},
         ],
+        "route_align_max_tokens": route_align_max_tokens(m.top_k),
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": {"bytes": total, "alignment": align, "arena_bytes": arena,

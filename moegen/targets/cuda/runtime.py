@@ -177,6 +177,7 @@ class MoeW4A16:
         m = self.spec.moe
         self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
         self.gemms = self.plan["gemms"]
+        self.route_align_max_tokens = self.plan["route_align_max_tokens"]
 
     # --- workspace views --------------------------------------------------------------------
     def _view(self, cp, name: str, dtype, count: int):
@@ -217,11 +218,15 @@ class MoeW4A16:
         k = self.spec.moe.top_k
         return ids.reshape(t, k), wts.reshape(t, k)
 
-    def _route(self, cp, logits, t: int):
+    def _routing_buffers(self, cp, logits, t: int):
+        """The logits on the device, checked; the workspace views the top-k goes to."""
         m = self.spec.moe
         la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
-        ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
-        wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
+        return (la, self._view(cp, "topk_ids", cp.int32, t * m.top_k),
+                self._view(cp, "topk_weights", cp.float32, t * m.top_k))
+
+    def _route(self, cp, logits, t: int):
+        la, ids, wts = self._routing_buffers(cp, logits, t)
         threads = self.threads["moe_router_topk"]        # one warp per token
         self.kernels["moe_router_topk"]((-(-t // (threads // 32)),), (threads,),
                                         (la, np.int32(t), ids, wts))
@@ -251,15 +256,6 @@ class MoeW4A16:
             return y if out is None else out
         k, slots = m.top_k, t * m.top_k
         with stream:
-            if logits is not None:
-                if topk_ids is not None or topk_weights is not None:
-                    raise ValueError("give router logits or topk_ids/topk_weights, not both")
-                ids, wts = self._route(cp, logits, t)
-            else:
-                if topk_ids is None or topk_weights is None:
-                    raise ValueError("without router logits, give topk_ids and topk_weights")
-                ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
-                wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
             bucket = next((i for i, (edge, _) in enumerate(self.plan["buckets"]) if t <= edge),
                           len(self.plan["buckets"]) - 1)
             block = self.plan["buckets"][bucket][1]
@@ -268,9 +264,24 @@ class MoeW4A16:
             expert_ids = self._view(cp, "expert_ids", cp.int32, slots)
             wflat = self._view(cp, "topk_weights_flat", cp.float32, rows)
             total = self._view(cp, "num_tokens_post_padded", cp.int32, 1)
-            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
-                                      (ids, wts, np.int32(slots), np.int32(block), sorted_ids,
-                                       expert_ids, wflat, total))
+            aligned = (sorted_ids, expert_ids, wflat, total)
+            if logits is not None and (topk_ids is not None or topk_weights is not None):
+                raise ValueError("give router logits or topk_ids/topk_weights, not both")
+            if logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
+                la, ids, wts = self._routing_buffers(cp, logits, t)
+                self.kernels["moe_route_align"]((1,), (self.threads["moe_route_align"],),
+                                                (la, np.int32(t), ids, wts, np.int32(block),
+                                                 *aligned))
+            else:
+                if logits is not None:
+                    ids, wts = self._route(cp, logits, t)
+                elif topk_ids is None or topk_weights is None:
+                    raise ValueError("without router logits, give topk_ids and topk_weights")
+                else:
+                    ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
+                    wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
+                self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
+                                          (ids, wts, np.int32(slots), np.int32(block), *aligned))
             partials = self._scratch(cp, "partials", cp.float32)
             counters = self._scratch(cp, "counters", cp.int32)
             blocks = max_blocks(t, k, m.num_experts, block)
