@@ -132,15 +132,15 @@ def test_router_matches_reference(rng):
 ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_post_padded")
 
 
-@pytest.mark.parametrize("shape,tokens", [((256, 128, 128, 8), (1, 5, 16, 63, 64)),
-                                          ((256, 128, 64, 16), (1, 31, 32))])
+@pytest.mark.parametrize("shape,tokens", [((256, 128, 128, 8), (1, 5, 16)),
+                                          ((256, 128, 64, 16), (1, 15, 16))])
 def test_fused_route_align_matches_router_then_align(rng, shape, tokens):
     """Up to route_align_max_tokens one CTA routes and aligns: the same top-k, sorted slots,
     block experts, weights and padded total as the router and align kernels, bit for bit."""
     h, i, e, k = shape
     layer = layer_for(moe_spec(h, i, e, k))
     most = layer.route_align_max_tokens
-    assert most == min(64, 512 // k) and max(tokens) == most
+    assert most == min(16, 512 // k) and max(tokens) == most
     packed = layer.pack(*moe_weights(rng, e, h, i, 128))
 
     def call(x, logits, limit):

@@ -196,11 +196,11 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
               total_out);
 }
 
-// Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
-// tokens warp, warp + ALIGN_WARPS, ... into shared memory and counts them, then the align above
-// runs on the shared copy. At decode sizes each of the two kernels costs more in its own launch
-// and global round trips than in its work.
-constexpr int ROUTE_ALIGN_MAX_TOKENS = 64;
+// Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens (one per warp):
+// each warp routes its token into shared memory and counts it, then the align above runs on the
+// shared copy. At decode sizes each of the two kernels costs more in its own launch and global
+// round trips than in its work.
+constexpr int ROUTE_ALIGN_MAX_TOKENS = 16;
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
