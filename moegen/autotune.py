@@ -377,6 +377,18 @@ def keep_default_unless_faster(best: tuple, default: MoeConfig, default_us: floa
     return best if beats_default(best[0], default_us) else (default_us, default)
 
 
+def sweep_line(tokens: int, kept: tuple, swept: tuple, default: MoeConfig, default_us: float,
+               timed: int, candidates: int) -> str:
+    """The sweep's verdict for one token count: (time, config) kept and the sweep's fastest."""
+    if same_tile(kept[1], default):
+        return (f"  T={tokens}: kept the default config {kept[1].as_dict()} ({default_us:.1f} us):"
+                f" the fastest of {timed} candidates timed (of {candidates}), "
+                f"{swept[1].as_dict()}, took {swept[0]:.1f} us; a candidate must beat the "
+                f"default by {100 * TIMING_NOISE:.0f}%")
+    return (f"  T={tokens}: best {kept[1].as_dict()} {kept[0]:.1f} us, default {default_us:.1f} "
+            f"us ({default_us / kept[0]:.2f}x)")
+
+
 def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
                  reps: int = 10, log=print) -> list[dict]:
     """Sweep the config space on the GPU; every candidate is checked against the reference
@@ -434,14 +446,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
         best = keep_default_unless_faster(best, default_cfg, default_us)
         results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                         "default_us": default_us, "checked": True})
-        if same_tile(best[1], default_cfg):
-            log(f"  T={t}: kept the default config {best[1].as_dict()} ({default_us:.1f} us): "
-                f"the fastest of {timed} candidates timed (of {len(space)}), "
-                f"{swept[1].as_dict()}, took {swept[0]:.1f} us; a candidate must beat the "
-                f"default by {100 * TIMING_NOISE:.0f}%")
-        else:
-            log(f"  T={t}: best {best[1].as_dict()} {best[0]:.1f} us, default {default_us:.1f} "
-                f"us ({default_us / best[0]:.2f}x)")
+        log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space)))
     db.record(spec, device, results)
     return results
 

@@ -203,6 +203,18 @@ def test_a_candidate_must_beat_the_default_by_more_than_the_noise():
     assert at.keep_default_unless_faster((26.0, other), default, 26.8) == (26.8, default)  # 3%: noise
     assert at.keep_default_unless_faster((20.0, other), default, 26.8) == (20.0, other)
 
+def test_sweep_line_says_what_was_kept_and_why():
+    default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
+    kept = at.keep_default_unless_faster((26.0, other), default, 26.8)
+    line = at.sweep_line(1, kept, (26.0, other), default, 26.8, 49, 416)
+    assert line.startswith("  T=1: kept the default config {'moe_block': 8, 'split_k': 1,")
+    assert "(26.8 us): the fastest of 49 candidates timed (of 416)" in line
+    assert f"{other.as_dict()}, took 26.0 us; a candidate must beat the default by 5%" in line
+    won = at.keep_default_unless_faster((20.0, other), default, 26.8)
+    line = at.sweep_line(64, won, (20.0, other), default, 26.8, 416, 416)
+    assert line == f"  T=64: best {other.as_dict()} 20.0 us, default 26.8 us (1.34x)"
+
+
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
 
 
