@@ -45,6 +45,33 @@ def run_case(rng, layer, t, use_router=True, weights=None):
     return cp.asnumpy(y), want
 
 
+def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
+    """Capture one call in a CUDA graph, replay it with new inputs set into the captured
+    buffers, each replay against the reference."""
+    m = layer.spec.moe
+    x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
+    logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        layer(x, logits, packed)           # warm up (module load) outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        y = layer(x, logits, packed)
+        graph = stream.end_capture()
+    for _ in range(replays):
+        xn = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
+        ln = rng.standard_normal((t, m.num_experts)).astype(np.float32)
+        with stream:
+            x.set(xn)
+            logits.set(ln)
+            layer.out.fill(POISON)
+        graph.launch(stream)
+        stream.synchronize()
+        ids, w = R.topk_softmax(ln, m.top_k, m.renormalize)
+        want = R.moe_w4a16(xn, ids, w, *host_w, group_size=layer.spec.quant.group_size)
+        assert rel_err(cp.asnumpy(y), want) <= 2e-3
+
+
 def test_seed_worked_example(rng):
     spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
     layer = layer_for(spec)
@@ -184,6 +211,42 @@ def test_fused_route_align_matches_router_then_align(rng, shape, tokens):
         assert (fused[2]["topk_weights_flat"][~real] == 0).all() and (slots[~real] == t * k).all()
 
 
+FUSED_SUM = "fuse-align,fuse-swiglu,fuse-topk-sum,tile{split},alloc"
+
+
+@pytest.mark.parametrize("shape,split", [((1024, 512, 60, 6), ""), ((2048, 768, 128, 8), ""),
+                                         ((4096, 1408, 64, 1), ""),
+                                         ((1024, 512, 60, 6), "{split-k-down=2}")])
+def test_fused_topk_sum_matches_the_aggregate_kernel(rng, shape, split):
+    """fuse-topk-sum: the down GEMM's last CTA per column tile sums the top-k rows; bitwise the
+    separate moe_aggregate kernel's output, with and without split-K in the down GEMM, call
+    after call (the arrival counters reset themselves)."""
+    h, i, e, k = shape
+    spec = moe_spec(h, i, e, k)
+    plain = layer_for(spec)
+    fused = layer_for(spec, pipeline=FUSED_SUM.format(split=split))
+    assert "moe_aggregate" not in [kk["name"] for kk in fused.plan["kernels"]]
+    host_w = moe_weights(rng, e, h, i, 128)
+    packed = plain.pack(*host_w)
+    for t in (1, 3, 16, 64, 123, 300, 1):
+        x = rng.standard_normal((t, h)).astype(np.float16)
+        logits = rng.standard_normal((t, e)).astype(np.float32)
+        outs = []
+        for layer in (plain, fused, fused):
+            layer.out.fill(POISON)
+            outs.append(cp.asnumpy(layer(cp.asarray(x), cp.asarray(logits), packed)))
+        ids, w = R.topk_softmax(logits, k, True)
+        assert rel_err(outs[1], R.moe_w4a16(x, ids, w, *host_w, group_size=128)) <= 2e-3
+        for o in outs[1:]:
+            assert np.array_equal(o.view(np.uint16), outs[0].view(np.uint16)), f"T={t}"
+
+
+def test_fused_topk_sum_in_a_graph(rng):
+    layer = layer_for(moe_spec(1024, 512, 60, 6), pipeline=FUSED_SUM.format(split=""))
+    host_w = moe_weights(rng, 60, 1024, 512, 128)
+    assert_graph_replays(rng, layer, host_w, layer.pack(*host_w), t=9)
+
+
 def test_bitwise_deterministic(rng):
     layer = layer_for(moe_spec(2048, 768, 128, 8))
     m = layer.spec.moe
@@ -199,30 +262,8 @@ def test_bitwise_deterministic(rng):
 
 def test_cuda_graph_capture_and_replay(rng):
     layer = layer_for(moe_spec(2048, 768, 128, 8))
-    g = 128
-    host_w = moe_weights(rng, 128, 2048, 768, g)
-    weights = layer.pack(*host_w)
-    t = 5
-    x = cp.asarray(rng.standard_normal((t, 2048)).astype(np.float16))
-    logits = cp.asarray(rng.standard_normal((t, 128)).astype(np.float32))
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        layer(x, logits, weights)          # warm up (module load) outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        y = layer(x, logits, weights)
-        graph = stream.end_capture()
-    for _ in range(3):                     # replay with new inputs in the captured buffers
-        xn = rng.standard_normal((t, 2048)).astype(np.float16)
-        ln = rng.standard_normal((t, 128)).astype(np.float32)
-        x.set(xn)
-        logits.set(ln)
-        layer.out.fill(POISON)
-        graph.launch(stream)
-        stream.synchronize()
-        ids, w = R.topk_softmax(ln, 8, True)
-        want = R.moe_w4a16(xn, ids, w, *host_w, group_size=g)
-        assert rel_err(cp.asnumpy(y), want) <= 2e-3
+    host_w = moe_weights(rng, 128, 2048, 768, 128)
+    assert_graph_replays(rng, layer, host_w, layer.pack(*host_w), t=5)
 
 
 def test_pytorch_tensors_via_dlpack(rng):

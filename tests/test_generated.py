@@ -133,3 +133,39 @@ def test_nvcc_compiles_the_swept_gemm_tiles(tmp_path, arch, tile):
     assert_no_spills(log)
     smem = [int(s) for s in re.findall(r"(\d+) bytes smem", log)]
     assert smem and max(smem) <= 48 * 1024
+
+
+FUSED_SUM = "fuse-align,fuse-swiglu,fuse-topk-sum,tile,alloc"
+
+
+def test_fused_topk_sum_plan():
+    """fuse-topk-sum: no aggregate launch; the down GEMM takes the output and one arrival
+    counter per column tile, placed after the split-K counters."""
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    files = emit(spec, "cuda", FUSED_SUM)
+    plan = json.loads(files["mixtral-8x7b.launch.json"])
+    source = files["mixtral-8x7b.cu"]
+    assert "moe_aggregate" not in [k["name"] for k in plan["kernels"]]
+    up, down = plan["gemms"]
+    assert (up["epilogue"], up["sum_topk"], down["epilogue"], down["sum_topk"]) == (1, 0, 2, 2)
+    ws = plan["workspace"]
+    assert ws["sum_counters"] == {"offset": ws["sum_counters"]["offset"], "ints": down["ntiles"]}
+    assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["sum_counters"]["offset"]
+    assert ws["sum_counters"]["offset"] + 4 * down["ntiles"] <= ws["bytes"]
+    for v in down["variants"]:      # the split-K down kernels (T = 1) sum as well
+        sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
+        assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
+        assert re.search(r"false, 2>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);",
+                         source[source.index(v["kernel"] + "("):], re.S)
+    for v in up["variants"]:
+        assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
+    assert plan["gemms"][1]["variants"][0]["split"] > 1
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_nvcc_compiles_the_fused_topk_sum(tmp_path, arch, name):
+    spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+    log = nvcc_build(write_emitted(emit(spec, "cuda", FUSED_SUM), name, tmp_path), tmp_path, arch)
+    assert_no_spills(log)

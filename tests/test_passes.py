@@ -114,6 +114,55 @@ def test_moe_passes_printed(path):
     assert "moe.count" not in text and "moe.slot_lists" not in text and "moe.swiglu" not in text
 
 
+FUSED_SUM = "fuse-align,fuse-swiglu,fuse-topk-sum,tile,alloc"
+
+
+def test_fuse_topk_sum():
+    module, _, _ = lower(MOE, "cuda", FUSED_SUM)
+    text = str(module)
+    assert parse(text).verify() is None and str(parse(text)) == text
+    assert "moe.aggregate" not in text
+    check_lines(text, [
+        r"%down, %out = moe\.grouped_gemm_w4a16\(%activation, .*mul_topk_weights = true, "
+        r"group_size = 128, epilogue = \"topk_sum\", sum_topk = 8, .*offsets = \[0, -1\]\}"
+        r" : .* -> \(tensor<8\*\?x2048xf16>, tensor<\?x2048xf16>\)",
+        r"return\(%out\)",
+    ])
+    # the per-slot rows stay a workspace buffer, live only in their GEMM
+    plain = lower(MOE, "cuda", tuning=None)[0]
+    assert module.attrs["workspace"]["bytes"] <= plain.attrs["workspace"]["bytes"]
+    # without moe.aggregate (or with another reader of the rows) the pass changes nothing
+    unfused = lower(MOE, "cuda", "fuse-align,tile,alloc")[0]
+    assert str(lower(MOE, "cuda", "fuse-align,fuse-topk-sum,tile,alloc")[0]).count(
+        "moe.aggregate") == 0 and "moe.aggregate" in str(unfused)
+
+
+def test_topk_sum_epilogue_rules():
+    from moegen.ir import VerifyError
+
+    def down_gemm():
+        module = lower(MOE, "cuda", "fuse-align,fuse-swiglu,fuse-topk-sum")[0]
+        return [op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"][1]
+
+    gemm = down_gemm()
+    gemm.verify()
+    gemm.results.pop()
+    with pytest.raises(VerifyError, match="epilogue = topk_sum gives two results"):
+        gemm.verify()
+    gemm = down_gemm()
+    gemm.attrs["mul_topk_weights"] = False
+    with pytest.raises(VerifyError, match="mul_topk_weights must be true"):
+        gemm.verify()
+    gemm = down_gemm()
+    gemm.attrs["sum_topk"] = 4
+    with pytest.raises(VerifyError, match="rows of out must equal rows of sum x sum_topk"):
+        gemm.verify()
+    gemm = down_gemm()
+    gemm.attrs["epilogue"] = "none"
+    with pytest.raises(VerifyError, match="other epilogues one"):
+        gemm.verify()
+
+
 def test_tile_options_override_defaults():
     module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,warps=2,split-k=4,stages=3}")
     text = str(module)

@@ -151,6 +151,23 @@ def test_interpreter_runs_the_built_moe_module(rng):
     assert rel_err(out, want) < 2e-3  # fp16 intermediates, as the kernels store them
 
 
+def test_interpreter_fused_topk_sum_is_bitwise_the_aggregate(rng):
+    """fuse-topk-sum moves moe.aggregate into the down GEMM: the same fp16 result, bit for bit."""
+    from moegen.passes.pipelines import lower
+    spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
+    m = spec.moe
+    x, ids, w, *weights = moe_case(rng, 7, m.num_experts, m.top_k, m.hidden_size,
+                                   m.intermediate_size, 128)
+    logits = rng.standard_normal((7, m.num_experts)).astype(np.float32)
+    outs = []
+    for pipeline in ("fuse-align,fuse-swiglu,tile,alloc",
+                     "fuse-align,fuse-swiglu,fuse-topk-sum,tile,alloc"):
+        module = lower(spec, "cuda", pipeline, tuning=None)[0]
+        outs.append(interp.run(module.function(), [x, logits, *weights])[0])
+    assert outs[0].dtype == np.float16
+    assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+
+
 # --- MSD ---------------------------------------------------------------------------------------
 
 def msd_case(rng, m, n, k, g, seed_style=True):

@@ -69,7 +69,7 @@ def _attr_ok(kind: str, value: Any) -> bool:
 class Op:
     NAME: ClassVar[str] = ""
     OPERANDS: ClassVar[tuple[str, ...]] = ()   # a name ending in '*' takes the rest (variadic)
-    RESULTS: ClassVar[tuple[str, ...]] = ()
+    RESULTS: ClassVar[tuple[str, ...]] = ()    # a name ending in '?' is an optional last result
     ATTRS: ClassVar[dict[str, Attr]] = {}
     REGION: ClassVar[bool] = False
     TERMINATOR: ClassVar[bool] = False
@@ -83,7 +83,7 @@ class Op:
                  region: "Block | None" = None, result_names: list[str] | None = None,
                  line: int | None = None):
         self.operands = list(operands)
-        names = result_names or [f"{r}" for r in self.RESULTS[:len(result_types)]]
+        names = result_names or [r.rstrip("?") for r in self.RESULTS[:len(result_types)]]
         self.results = [Value(n, t, self) for n, t in zip(names, result_types)]
         self.attrs = dict(attrs or {})
         self.region = region
@@ -104,7 +104,7 @@ class Op:
         return self.operands[self.OPERANDS.index(name)]
 
     def result(self, name: str) -> Value:
-        return self.results[self.RESULTS.index(name)]
+        return self.results[[r.rstrip("?") for r in self.RESULTS].index(name)]
 
     # diagnostics -------------------------------------------------------------------------
     def error(self, rule: str) -> VerifyError:
@@ -149,7 +149,8 @@ class Op:
         self.check(n == len(fixed) or (variadic and n >= len(fixed)),
                    f"takes {len(fixed)}{'+' if variadic else ''} operands "
                    f"({', '.join(self.OPERANDS)}), got {n}")
-        self.check(len(self.results) == len(self.RESULTS),
+        required = len([r for r in self.RESULTS if not r.endswith("?")])
+        self.check(required <= len(self.results) <= len(self.RESULTS),
                    f"gives {len(self.RESULTS)} results ({', '.join(self.RESULTS)}), "
                    f"got {len(self.results)}")
         for key, value in self.attrs.items():

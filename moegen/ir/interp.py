@@ -125,7 +125,7 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
 @semantics("moe.grouped_gemm_w4a16")
 def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_flat, block: int,
                        topk: int, mul_topk_weights: bool, group_size: int,
-                       epilogue: str = "none"):
+                       epilogue: str = "none", sum_topk: int = 1):
     x = _float(np.asarray(x))
     rows_out = x.shape[0] * topk
     n = w_q.shape[-1] // (2 if epilogue == "swiglu" else 1)
@@ -145,6 +145,8 @@ def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_f
         if mul_topk_weights:
             y = y * np.asarray(weights_flat)[r][:, None].astype(x.dtype)
         out[slots] = y
+    if epilogue == "topk_sum":      # the rows as stored (fp16), then summed as moe.aggregate
+        return out, aggregate(out.astype(np.float16), sum_topk)
     return out
 
 

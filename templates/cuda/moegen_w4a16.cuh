@@ -172,6 +172,29 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// sum_out[t, col .. col + 7] = sum over k of rows[t * TOPK + k, same columns], in fp32 in k
+// order, rounded once: the top-k sum of moe_aggregate and of the topk_sum epilogue (so the two
+// agree bit for bit). FROM_L2: read through L2 only (__ldcg), for rows that other CTAs of the
+// same kernel wrote.
+template <int TOPK, int NOUT, bool FROM_L2>
+__device__ __forceinline__ void topk_sum_chunk(const half* __restrict__ rows, size_t t, size_t col,
+                                               half* __restrict__ sum_out) {
+  float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < TOPK; ++k) {
+    const uint4* p = reinterpret_cast<const uint4*>(rows + ((t * TOPK + k) * NOUT) + col);
+    const uint4 v = FROM_L2 ? __ldcg(p) : *p;
+    const half* hv = reinterpret_cast<const half*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum[j] += __half2float(hv[j]);
+  }
+  uint4 o;
+  half* ho = reinterpret_cast<half*>(&o);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ho[j] = __float2half_rn(sum[j]);
+  *reinterpret_cast<uint4*>(sum_out + t * NOUT + col) = o;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
 // K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
@@ -182,13 +205,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 // sums meet in shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA
 // of a tile adds them in split order: deterministic. DENSE: rows are the activation rows
 // themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
+// SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds
+// every token's SUM_TOPK rows of that tile into sum_out, in k order (topk_sum_chunk).
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
-          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE>
+          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
+          int SUM_TOPK = 0>
 __device__ __forceinline__ void grouped_gemm(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, float* __restrict__ partials, int* __restrict__ counters) {
+    half* __restrict__ out, float* __restrict__ partials, int* __restrict__ counters,
+    half* __restrict__ sum_out = nullptr, int* __restrict__ sum_counters = nullptr) {
   constexpr int NT = (BLOCK + 7) / 8;            // n8 tiles of block rows (the MMA's N)
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
@@ -468,6 +495,27 @@ __device__ __forceinline__ void grouped_gemm(
       float v = red[r][c];
       if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + r];
       out[(size_t)slot * NOUT + col] = __float2half_rn(v);
+    }
+  }
+
+  if constexpr (SUM_TOPK > 0) {
+    // one CTA per moe block writes this column tile (the split-K ones returned above); the
+    // last of them to arrive sums the tile for every token
+    __threadfence();                       // this CTA's rows are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int writers = *total_ptr / BLOCK;
+      const int done = atomicAdd(&sum_counters[tile], 1);
+      last_cta = done == writers - 1;
+      if (last_cta) sum_counters[tile] = 0;      // ready for the next call
+    }
+    __syncthreads();
+    if (!last_cta) return;
+    __threadfence();
+    const int tokens = num_slots / SUM_TOPK;
+    for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {   // 8 chunks of 8 columns
+      const int col = tile * 64 + (x % 8) * 8;
+      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / 8, col, sum_out);
     }
   }
 }

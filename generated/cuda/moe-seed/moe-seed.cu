@@ -274,19 +274,6 @@ extern "C" __global__ void moe_aggregate(const half* __restrict__ down, int num_
   const size_t n = (size_t)num_tokens * (H / 8);
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;
        x += (size_t)gridDim.x * blockDim.x) {
-    const size_t t = x / (H / 8), h8 = x % (H / 8);
-    float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) {
-      const uint4 v = *reinterpret_cast<const uint4*>(down + ((t * TOPK + k) * H) + h8 * 8);
-      const half* hv = reinterpret_cast<const half*>(&v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sum[j] += __half2float(hv[j]);
-    }
-    uint4 o;
-    half* ho = reinterpret_cast<half*>(&o);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ho[j] = __float2half_rn(sum[j]);
-    *reinterpret_cast<uint4*>(out + t * H + h8 * 8) = o;
+    moegen::topk_sum_chunk<TOPK, H, false>(down, x / (H / 8), x % (H / 8) * 8, out);
   }
 }

@@ -126,20 +126,23 @@ class AlignOp(Op):
         self.expect_result(3, (1,), "i32")
 
 
-EPILOGUES = ("none", "swiglu")
+EPILOGUES = ("none", "swiglu", "topk_sum")
 
 
 class GroupedGemmW4A16Op(Op):
     """out[slot] = (x[slot / topk] @ dequant(w_q[e], w_scale[e])) (* weight[slot]), per padded row.
 
     Output rows are in slot order (padding rows write nothing). epilogue = swiglu applies
-    silu(first half) * second half, halving the columns.
+    silu(first half) * second half, halving the columns. epilogue = topk_sum (after the routing
+    weights) also gives the second result sum[t] = out[t * sum_topk + k] summed in k order,
+    as moe.aggregate does.
     """
     NAME = "moe.grouped_gemm_w4a16"
     OPERANDS = ("x", "w_q", "w_scale", "sorted_ids", "expert_ids", "total", "weights_flat")
-    RESULTS = ("out",)
+    RESULTS = ("out", "sum?")
     ATTRS = {"block": Attr("dim"), "topk": Attr("dim"), "mul_topk_weights": Attr("bool"),
-             "group_size": Attr("dim"), "epilogue": Attr("str", "none"), **TILE_ATTRS}
+             "group_size": Attr("dim"), "epilogue": Attr("str", "none"),
+             "sum_topk": Attr("dim", 1), **TILE_ATTRS}
 
     def verify(self):
         rows, kdim = self.tensor(self.operands[0], "x", "f16", 2).shape
@@ -162,6 +165,16 @@ class GroupedGemmW4A16Op(Op):
                    "routing weights must not be applied before the SwiGLU non-linearity")
         out_n = n / 2 if epi == "swiglu" else n
         self.expect_result(0, (rows * Dim.of(self.attr("topk")), out_n), "f16")
+        summed = epi == "topk_sum"
+        self.check(len(self.results) == 1 + summed,
+                   "epilogue = topk_sum gives two results (out, sum), other epilogues one")
+        if summed:
+            self.check(self.attr("mul_topk_weights"),
+                       "epilogue = topk_sum sums the weighted rows: mul_topk_weights must be true")
+            sum_rows = self.tensor(self.results[1], "result", "f16", 2).shape[0]
+            self.same_dim(sum_rows * Dim.of(self.attr("sum_topk")), rows * Dim.of(self.attr("topk")),
+                          "rows of out must equal rows of sum x sum_topk")
+            self.expect_result(1, (sum_rows, out_n), "f16")
 
 
 class SwigluOp(Op):

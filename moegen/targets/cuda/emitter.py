@@ -49,7 +49,8 @@ class GemmPlan:
     nout: int            # columns of the output
     ntiles: int
     row_div: int         # activation row = slot / row_div
-    epilogue: int        # 0 none, 1 swiglu
+    epilogue: int        # 0 none, 1 swiglu, 2 topk_sum
+    sum_topk: int        # topk_sum: slot rows per token summed in the epilogue, else 0
     perm_gate_up: bool
     mul_weights: bool
     # per bucket: block, split, stages, warps, ks (k16 steps per ring stage), kernel
@@ -77,12 +78,13 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         kdim = op.operands[0].type.shape[1].value
         n = op.operands[1].type.shape[2].value
         tile = op.attrs["tile"]
-        epi = 1 if op.attr("epilogue") == "swiglu" else 0
+        epi = {"none": 0, "swiglu": 1, "topk_sum": 2}[op.attr("epilogue")]
         g = GemmPlan(
             name="gate_up" if gate_up else "down", weights="w13" if gate_up else "w2",
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
-            row_div=int(op.attr("topk")), epilogue=epi, perm_gate_up=gate_up,
+            row_div=int(op.attr("topk")), epilogue=epi,
+            sum_topk=int(op.attr("sum_topk")) if epi == 2 else 0, perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
         for (edge, block), split, stages, warps, block_k in zip(
                 op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
@@ -105,13 +107,15 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     fn = module.function()
     gemms = _gemm_plans(module)
     fused = gemms[0].epilogue == 1
+    summed = gemms[1].sum_topk > 0
     # buckets that share a block and split share a kernel: define each kernel once
     unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
               for g in gemms]
     header = file_header(spec, pipeline)
     source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
                     H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
-                    renormalize=m.renormalize, fuse_swiglu=fused, gemms=unique,
+                    renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
+                    gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
                     ROUTE_ALIGN_MAX_TOKENS=route_align_max_tokens(m.top_k))
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
@@ -136,7 +140,10 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     align = module.attrs["workspace"]["alignment"]
     partials_at = -(-arena // align) * align
     counters_at = partials_at + max(-(-partial_bytes // align) * align, align)
-    total = counters_at + max(-(-counter_ints * 4 // align) * align, align)
+    # topk_sum: one arrival counter per column tile of the down GEMM, after the split-K ones
+    sum_counters_at = counters_at + max(-(-counter_ints * 4 // align) * align, align)
+    sum_counter_ints = gemms[1].ntiles if summed else 0
+    total = sum_counters_at + (-(-sum_counter_ints * 4 // align) * align)
     buckets = gemms[0].variants
     plan = {
         "moegen": __version__, "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline,
@@ -159,7 +166,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),
-            {"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1], "block": 256},
+            *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],
+                                  "block": 256}]),
         ],
         "route_align_max_tokens": route_align_max_tokens(m.top_k),
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
@@ -167,6 +175,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         "workspace": {"bytes": total, "alignment": align, "arena_bytes": arena,
                       "buffers": offsets,
                       "partials": {"offset": partials_at, "bytes": partial_bytes},
-                      "counters": {"offset": counters_at, "ints": counter_ints}},
+                      "counters": {"offset": counters_at, "ints": counter_ints},
+                      **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
+                         if summed else {})},
     }
     return CudaProgram(source=source, header=device_header, plan=plan, ir=str(module))

@@ -170,8 +170,9 @@ class MoeW4A16:
         for k in self.plan["kernels"]:
             self.kernels[k["name"]] = self.module.get_function(k["name"])
         self.threads = {k["name"]: k["block"] for k in self.plan["kernels"]}   # per CTA
-        if "moe_swiglu" not in self.kernels:
-            self.kernels["moe_swiglu"] = self.module.get_function("moe_swiglu")
+        for always in ("moe_swiglu", "moe_aggregate"):   # in every module; the plan picks
+            if always not in self.kernels:
+                self.kernels[always] = self.module.get_function(always)
         ws = self.plan["workspace"]
         self.workspace = cp.zeros(ws["bytes"], dtype=cp.uint8)   # once; counters start at 0
         m = self.spec.moe
@@ -291,9 +292,10 @@ class MoeW4A16:
                 w, s = ((weights.w13, weights.w13_scales) if g["weights"] == "w13" else
                         (weights.w2, weights.w2_scales))
                 dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
+                summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
                 self.kernels[v["kernel"]]((blocks, g["ntiles"], v["split"]), (v["warps"] * 32,),
                                           (src, w, s, sorted_ids, expert_ids, total, wflat,
-                                           np.int32(slots), dst, partials, counters))
+                                           np.int32(slots), dst, partials, counters, *summed))
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
                     act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
                     n = slots * m.intermediate_size
@@ -301,9 +303,10 @@ class MoeW4A16:
                                                (dst, np.int32(slots), act))
                     dst = act
                 src = dst
-            n8 = t * m.hidden_size // 8
-            self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
-                                          (src, np.int32(t), y))
+            if not self.gemms[-1]["sum_topk"]:      # else the down GEMM summed into y
+                n8 = t * m.hidden_size // 8
+                self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
+                                              (src, np.int32(t), y))
         return _result(x, y, out)
 
 
