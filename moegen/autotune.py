@@ -377,6 +377,18 @@ def keep_default_unless_faster(best: tuple, default: MoeConfig, default_us: floa
     return best if beats_default(best[0], default_us) else (default_us, default)
 
 
+def results_table(results: list[dict], what: str = "T") -> str:
+    """The sweep's outcome, one row per token count (MSD: per lowering): the config recorded,
+    its time, the default's, the speed-up."""
+    head = f"{what:>6}  {'recorded config':<72} {'us':>8} {'default us':>10} {'speed-up':>8}"
+    rows = [head, "-" * len(head)]
+    for r in results:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        rows.append(f"{r['tokens']:>6}  {cfg:<72} {r['time_us']:>8.1f} {r['default_us']:>10.1f} "
+                    f"{r['default_us'] / r['time_us']:>7.2f}x")
+    return "\n".join(rows)
+
+
 def sweep_line(tokens: int, kept: tuple, swept: tuple, default: MoeConfig, default_us: float,
                timed: int, candidates: int) -> str:
     """The sweep's verdict for one token count: (time, config) kept and the sweep's fastest."""

@@ -155,12 +155,13 @@ def cmd_compile(args) -> int:
 
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
-    from .autotune import TuningDB, autotune_moe, autotune_msd
+    from .autotune import TuningDB, autotune_moe, autotune_msd, results_table
     db = TuningDB(args.tuning_db)
     if spec.pipeline == "msd_matmul":
-        _gpu(autotune_msd, spec, db, args.budget_s)
+        results = _gpu(autotune_msd, spec, db, args.budget_s)
     else:
-        _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
+        results = _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
+    print(results_table(results, "M" if spec.pipeline == "msd_matmul" else "T"))
     print(f"wrote {db.path}")
     return 0
 

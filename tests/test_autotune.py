@@ -203,6 +203,19 @@ def test_a_candidate_must_beat_the_default_by_more_than_the_noise():
     assert at.keep_default_unless_faster((26.0, other), default, 26.8) == (26.8, default)  # 3%: noise
     assert at.keep_default_unless_faster((20.0, other), default, 26.8) == (20.0, other)
 
+def test_results_table():
+    results = [{"tokens": 1, "config": at.MoeConfig(8, 2, 8, 1).as_dict(), "time_us": 20.0,
+                "default_us": 26.8, "checked": True},
+               {"tokens": 64, "config": at.MoeConfig(16, 1, 8, 1).as_dict(), "time_us": 382.0,
+                "default_us": 382.0, "checked": True}]
+    lines = at.results_table(results).splitlines()
+    assert lines[0].split() == ["T", "recorded", "config", "us", "default", "us", "speed-up"]
+    assert lines[2].split()[0] == "1" and "moe_block=8, split_k=2," in lines[2]
+    assert lines[2].split()[-3:] == ["20.0", "26.8", "1.34x"]
+    assert lines[3].split()[-3:] == ["382.0", "382.0", "1.00x"] and len(lines) == 4
+    assert at.results_table([], "M").split()[0] == "M"
+
+
 def test_sweep_line_says_what_was_kept_and_why():
     default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
     kept = at.keep_default_unless_faster((26.0, other), default, 26.8)
