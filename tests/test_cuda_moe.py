@@ -146,28 +146,48 @@ def test_unfused_swiglu(rng):
         assert rel_err(got, want) <= 2e-3
 
 
-def test_router_matches_reference(rng):
-    layer = layer_for(moe_spec(2048, 768, 128, 8))
+@pytest.mark.parametrize("router", ["shuffle", "redux"])
+def test_router_matches_reference(rng, router):
+    layer = layer_for(moe_spec(2048, 768, 128, 8),
+                      pipeline=f"fuse-align,fuse-swiglu,tile{{router={router}}},alloc")
     t = 300
     logits = rng.standard_normal((t, 128)).astype(np.float32)
+    logits[7, :] = 0.0                     # ties: the lower expert id first
+    logits[8, :] = 0.0
+    logits[8, ::2] = -0.0                  # -0 ties +0: still the lower expert id first
+    logits[9, 5:] = -np.inf
     ids, w = (cp.asnumpy(a) for a in layer.route(cp.asarray(logits)))
     want_ids, want_w = R.topk_softmax(logits, 8, True)
     assert np.array_equal(ids, want_ids)
     assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6)
 
 
+def test_redux_router_is_bitwise_the_shuffle_router(rng):
+    spec = moe_spec(1024, 512, 60, 6)
+    shuffle = layer_for(spec)
+    redux = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{router=redux},alloc")
+    for t in (1, 7, 300):
+        logits = cp.asarray(rng.standard_normal((t, 60)).astype(np.float32))
+        a = [cp.asnumpy(x) for x in shuffle.route(logits)]
+        b = [cp.asnumpy(x) for x in redux.route(logits)]
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1].view(np.uint32),
+                                                              b[1].view(np.uint32))
+
+
 ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_post_padded")
 
 
-@pytest.mark.parametrize("shape,tokens", [((256, 128, 128, 8), (1, 5, 16)),
-                                          ((256, 128, 64, 16), (1, 15, 16))])
-def test_fused_route_align_matches_router_then_align(rng, shape, tokens):
+@pytest.mark.parametrize("shape,tokens,tile", [
+    ((256, 128, 128, 8), (1, 5, 16), ""), ((256, 128, 64, 16), (1, 15, 16), ""),
+    ((256, 128, 128, 8), (1, 17, 63, 64), "{router=redux,route-align-tokens=64}"),
+    ((256, 128, 60, 6), (1, 33, 64), "{route-align-tokens=64}")])
+def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
     """Up to route_align_max_tokens one CTA routes and aligns: the same top-k, sorted slots,
     block experts, weights and padded total as the router and align kernels, bit for bit."""
     h, i, e, k = shape
-    layer = layer_for(moe_spec(h, i, e, k))
+    layer = layer_for(moe_spec(h, i, e, k), pipeline=f"fuse-align,fuse-swiglu,tile{tile},alloc")
     most = layer.route_align_max_tokens
-    assert most == min(16, 512 // k) and max(tokens) == most
+    assert most == (64 if tile else min(16, 512 // k)) and max(tokens) == most
     packed = layer.pack(*moe_weights(rng, e, h, i, 128))
 
     def call(x, logits, limit):

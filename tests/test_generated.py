@@ -169,3 +169,26 @@ def test_nvcc_compiles_the_fused_topk_sum(tmp_path, arch, name):
     spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
     log = nvcc_build(write_emitted(emit(spec, "cuda", FUSED_SUM), name, tmp_path), tmp_path, arch)
     assert_no_spills(log)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_compiles_the_redux_router(tmp_path, arch):
+    """tile{router=redux,route-align-tokens=64}: redux.sync top-k, four tokens per align warp."""
+    spec = moegen.load_spec(ROOT / "examples" / "deepseek-v2-lite.yaml")
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{router=redux,route-align-tokens=64},"
+                               "alloc")
+    assert "constexpr bool ROUTER_REDUX = true;" in files["deepseek-v2-lite.cu"]
+    assert "constexpr int ROUTE_ALIGN_MAX_TOKENS = 64;" in files["deepseek-v2-lite.cu"]
+    log = nvcc_build(write_emitted(files, "deepseek-v2-lite", tmp_path), tmp_path, arch)
+    assert_no_spills(log)
+
+
+def test_no_fused_route_align_when_turned_off():
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{route-align-tokens=0},alloc")
+    plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+    assert plan["route_align_max_tokens"] == 0
+    assert "moe_route_align" not in files["qwen3-30b-a3b.cu"]
+    assert "moe_route_align" not in [k["name"] for k in plan["kernels"]]
+    assert plan["router"] == "shuffle"

@@ -163,6 +163,25 @@ def test_topk_sum_epilogue_rules():
         gemm.verify()
 
 
+def test_router_choices_recorded_by_tile():
+    text = str(lower(MOE, "cuda")[0])
+    assert 'moe.topk_softmax(%router_logits) {k = 8, renormalize = true, router = "shuffle", ' \
+           'align_tokens = 16' in text
+    text = str(lower(MOE, "cuda", "fuse-align,tile{router=redux,route-align-tokens=64},alloc")[0])
+    assert 'router = "redux", align_tokens = 64' in text
+    assert "align_tokens = 0" in str(lower(MOE, "cuda", "fuse-align,tile{route-align-tokens=0}")[0])
+    with pytest.raises(PipelineError, match=r"tile\{route-align-tokens=65\}: must be 0..64"):
+        lower(MOE, "cuda", "fuse-align,tile{route-align-tokens=65}")
+    with pytest.raises(PipelineError, match=r"tile\{router=fast\}: must be one of shuffle, redux"):
+        lower(MOE, "cuda", "tile{router=fast}")
+    # top-k 16: the align CTA's 512 shared slots hold 32 tokens
+    k16 = moegen.load_spec({"name": "k16", "pipeline": "moe_w4a16", "moe": {
+        "hidden_size": 256, "intermediate_size": 128, "num_experts": 64, "top_k": 16},
+        "targets": {"cuda": {}}})
+    with pytest.raises(PipelineError, match=r"must be 0..32 \(at most 64 tokens and 512 slots"):
+        lower(k16, "cuda", "fuse-align,tile{route-align-tokens=33}")
+
+
 def test_tile_options_override_defaults():
     module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,warps=2,split-k=4,stages=3}")
     text = str(module)

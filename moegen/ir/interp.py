@@ -242,7 +242,8 @@ def _store(value: np.ndarray, t) -> np.ndarray:
 
 def _attrs_for(op: Op, env: dict) -> dict:
     attrs = {k: v for k, v in op.attrs.items()
-             if k not in ("tile", "block_buckets", "schedule", "slots", "offsets")}
+             if k not in ("tile", "block_buckets", "schedule", "slots", "offsets", "router",
+                          "align_tokens")}       # kernel choices, not semantics
     buckets = op.attrs.get("block_buckets")
     if buckets:  # the tile pass chose a block per token bucket: use the one for this call
         tokens = env["?"]

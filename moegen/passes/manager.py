@@ -25,6 +25,7 @@ class Option:
     default: Any
     doc: str
     choices: tuple = ()
+    minimum: int = 1            # ints
 
     def parse(self, pass_name: str, key: str, text: str) -> Any:
         try:
@@ -40,8 +41,8 @@ class Option:
         if self.choices and value not in self.choices:
             raise PipelineError(f"{pass_name}{{{key}={text}}}: must be one of "
                                 f"{', '.join(map(str, self.choices))}")
-        if self.type is int and value < 1:
-            raise PipelineError(f"{pass_name}{{{key}={text}}}: must be >= 1")
+        if self.type is int and value < self.minimum:
+            raise PipelineError(f"{pass_name}{{{key}={text}}}: must be >= {self.minimum}")
         return value
 
 

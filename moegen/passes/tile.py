@@ -24,6 +24,11 @@ MoE (`moe_w4a16`):
   split over CTAs until about four CTAs per SM are busy; otherwise 1 (measured: splitting
   when every SM already has a tile only adds the reduction). K/16 must divide evenly over
   split_k x warps (warps drop to 2 or 1 when it does not).
+- Router, on ``moe.topk_softmax``: ``router`` = shuffle (five shuffle rounds of value and id
+  per pick; the default) or redux (``router=redux``: redux.sync on order-preserving integer
+  keys, two per pick; the same ids and weights); ``align_tokens``: calls of up to that many
+  tokens are routed inside the align kernel's CTA, one token per warp of it (16) by default,
+  ``route-align-tokens=N`` up to 64 tokens and 512 slots, 0 never.
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -57,6 +62,9 @@ RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-f
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
+ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
+ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
+ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 6         # MSD split-K target (the sweep's best at the seed shape: 64 columns x 4)
 MSD_X_RING_BYTES = 8192     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
@@ -179,6 +187,10 @@ class TilePass(Pass):
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
+        "router": Option(str, "shuffle", "MoE top-k search of a warp: shuffle or redux",
+                         choices=("shuffle", "redux")),
+        "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
+                                                "align kernel (0: never)", minimum=0),
     }
 
     def apply(self, module: Module, ctx: Context) -> None:
@@ -204,6 +216,9 @@ class TilePass(Pass):
                     raise PipelineError(f"tile{{moe-block={fixed}}}: larger than the routing "
                                      f"buffers allow (block = {op.attr('block')})")
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
+            if op.NAME == "moe.topk_softmax":
+                op.attrs["router"] = self.option("router")
+                op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
             if op.NAME == "moe.grouped_gemm_w4a16":
                 if self.option("mma") is not None:
                     raise PipelineError("tile{mma=...}: an MSD option; this is an MoE spec")
@@ -214,6 +229,20 @@ class TilePass(Pass):
                 n = op.operands[1].type.shape[2].value
                 down = bool(op.attr("mul_topk_weights"))
                 op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, tuned_buckets)
+
+    def _align_tokens(self, top_k: int) -> int:
+        """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
+        by default (measured: 4 tokens per warp lose with the shuffle router), at most what its
+        shared-memory slots hold."""
+        most = min(ROUTE_ALIGN_MAX_TOKENS, ROUTE_ALIGN_SLOTS // top_k)
+        n = self.option("route-align-tokens")
+        if n is None:
+            return min(ALIGN_WARPS, most)
+        if not 0 <= n <= most:
+            raise PipelineError(f"tile{{route-align-tokens={n}}}: must be 0..{most} (at most "
+                                f"{ROUTE_ALIGN_MAX_TOKENS} tokens and {ROUTE_ALIGN_SLOTS} "
+                                f"slots of top-k {top_k})")
+        return n
 
     def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
                    tuned_buckets: list | None) -> dict:

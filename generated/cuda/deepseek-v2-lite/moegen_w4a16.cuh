@@ -166,6 +166,20 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// float -> unsigned of the same order (for redux.sync, which compares unsigned integers): -0
+// as +0, NaN as 1 (below -inf), so 0 can stand for "no expert"
+__device__ __forceinline__ unsigned order_key(float f) {
+  if (f != f) return 1u;
+  unsigned b = __float_as_uint(f);
+  if (b == 0x80000000u) b = 0u;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// the float of a key (its inverse for every key order_key gives above 1)
+__device__ __forceinline__ float key_value(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

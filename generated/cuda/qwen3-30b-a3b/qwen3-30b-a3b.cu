@@ -20,20 +20,40 @@ constexpr int TOPK = 8;
 // (ties go to the lower expert id), weights renormalized to sum 1 when asked.
 constexpr int ROUTER_WARPS = 4;
 constexpr bool RENORMALIZE = true;
+constexpr int PER_LANE = (E + 31) / 32;   // a lane holds experts lane, lane + 32, ...
+// the top-k search: "shuffle" (five shuffle rounds of value and id per pick) or "redux" (one
+// redux.sync for the largest key, one for the lowest expert holding it)
+constexpr bool ROUTER_REDUX = false;
 
-// The top-k of one token, computed by one warp; every lane ends with all TOPK ids and weights.
-__device__ __forceinline__ void route_token(const float* __restrict__ logits, int token, int lane,
-                                            int (&id)[TOPK], float (&w)[TOPK]) {
-  constexpr int PER_LANE = (E + 31) / 32;   // lane holds experts lane, lane + 32, ...
-  float v[PER_LANE];
-  float row_max = moegen::neg_inf();
+// One token's logits into a warp, -inf past E.
+__device__ __forceinline__ void load_logits(const float* __restrict__ logits, int token, int lane,
+                                            float (&v)[PER_LANE]) {
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
     const int e = lane + 32 * i;
     v[i] = e < E ? logits[(size_t)token * E + e] : moegen::neg_inf();
-    row_max = fmaxf(row_max, v[i]);
   }
-  row_max = moegen::warp_max(row_max);
+}
+
+// The top-k of one token's logits, computed by one warp; every lane ends with all TOPK ids and
+// weights.
+__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane,
+                                             int (&id)[TOPK], float (&w)[TOPK]) {
+  unsigned key[PER_LANE];                  // redux: integer keys in the logits' order, 0 past E
+  float row_max = moegen::neg_inf();
+  if constexpr (ROUTER_REDUX) {
+    unsigned top = 0;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      key[i] = lane + 32 * i < E ? moegen::order_key(v[i]) : 0u;
+      top = max(top, key[i]);
+    }
+    row_max = moegen::key_value(__reduce_max_sync(0xffffffffu, top));
+  } else {
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) row_max = fmaxf(row_max, v[i]);
+    row_max = moegen::warp_max(row_max);
+  }
   float denom = 0.0f;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
@@ -42,23 +62,39 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
   float picked = 0.0f;
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
-    float best = moegen::neg_inf();
-    int best_e = E;
+    float best;
+    int best_e;
+    if constexpr (ROUTER_REDUX) {
+      unsigned top = 0;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E && !(taken & (1u << i)) && (v[i] > best || (v[i] == best && e < best_e))) {
-        best = v[i];
-        best_e = e;
+      for (int i = 0; i < PER_LANE; ++i)
+        if (!(taken & (1u << i))) top = max(top, key[i]);
+      top = __reduce_max_sync(0xffffffffu, top);
+      best_e = E;                          // this lane's lowest expert holding the top key
+#pragma unroll
+      for (int i = PER_LANE - 1; i >= 0; --i)
+        if (!(taken & (1u << i)) && key[i] == top) best_e = lane + 32 * i;
+      best_e = __reduce_min_sync(0xffffffffu, best_e);
+      best = moegen::key_value(top);
+    } else {
+      best = moegen::neg_inf();
+      best_e = E;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E && !(taken & (1u << i)) && (v[i] > best || (v[i] == best && e < best_e))) {
+          best = v[i];
+          best_e = e;
+        }
       }
-    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {   // larger logit wins, then the lower expert id
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
+      for (int o = 16; o > 0; o >>= 1) {   // larger logit wins, then the lower expert id
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+        if (ob > best || (ob == best && oe < best_e)) {
+          best = ob;
+          best_e = oe;
+        }
       }
     }
     if ((best_e & 31) == lane) taken |= 1u << (best_e / 32);
@@ -78,9 +114,11 @@ moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restric
   const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (token >= num_tokens) return;
+  float v[PER_LANE];
+  load_logits(logits, token, lane, v);
   int id[TOPK];
   float w[TOPK];
-  route_token(logits, token, lane, id, w);
+  route_logits(v, lane, id, w);
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) {
@@ -196,11 +234,12 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
               total_out);
 }
 
-// Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens (one per warp):
-// each warp routes its token into shared memory and counts it, then the align above runs on the
-// shared copy. At decode sizes each of the two kernels costs more in its own launch and global
-// round trips than in its work.
+// Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
+// its tokens into shared memory and counts them, then the align above runs on the shared copy.
+// At decode sizes each of the two kernels costs more in its own launch and global round trips
+// than in its work.
 constexpr int ROUTE_ALIGN_MAX_TOKENS = 16;
+constexpr int TOKENS_PER_WARP = (ROUTE_ALIGN_MAX_TOKENS + ALIGN_WARPS - 1) / ALIGN_WARPS;
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
@@ -213,10 +252,19 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restric
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   align_clear_counts(sh);
   __syncthreads();
-  for (int token = warp; token < num_tokens; token += ALIGN_WARPS) {
+  // a warp's tokens are warp, warp + ALIGN_WARPS, ...: all their logits are loaded first, so
+  // the warp waits for memory once, not once per token
+  float v[TOKENS_PER_WARP][PER_LANE];
+#pragma unroll
+  for (int j = 0; j < TOKENS_PER_WARP; ++j)
+    if (warp + j * ALIGN_WARPS < num_tokens) load_logits(logits, warp + j * ALIGN_WARPS, lane, v[j]);
+#pragma unroll
+  for (int j = 0; j < TOKENS_PER_WARP; ++j) {
+    const int token = warp + j * ALIGN_WARPS;
+    if (token >= num_tokens) break;
     int id[TOPK];
     float w[TOPK];
-    route_token(logits, token, lane, id, w);
+    route_logits(v[j], lane, id, w);
     if (lane == 0) {
 #pragma unroll
       for (int k = 0; k < TOPK; ++k) {

@@ -27,12 +27,19 @@ def _block_attr_ok(op: Op) -> None:
 TILE_ATTRS = {"block_buckets": Attr("any", None), "tile": Attr("dict", None)}
 
 
+ROUTERS = ("shuffle", "redux")
+
+
 class TopkSoftmaxOp(Op):
-    """softmax over experts, the k largest (ties -> lower expert id), optional renormalize."""
+    """softmax over experts, the k largest (ties -> lower expert id), optional renormalize.
+
+    Kernel choices (the tile pass records them): router, how a warp finds each of the k; and
+    align_tokens, up to how many tokens the routing runs inside the align kernel's CTA."""
     NAME = "moe.topk_softmax"
     OPERANDS = ("logits",)
     RESULTS = ("ids", "weights")
-    ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True)}
+    ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True),
+             "router": Attr("str", "shuffle"), "align_tokens": Attr("int", 0)}
 
     def verify(self):
         logits = self.tensor(self.operands[0], "logits", "f32", 2)
@@ -45,6 +52,9 @@ class TopkSoftmaxOp(Op):
                                                f"experts ({e})")
         self.expect_result(0, (t, k), "i32")
         self.expect_result(1, (t, k), "f32")
+        router = self.attr("router")
+        self.check(router in ROUTERS, f"attribute router = {router!r} must be one of {ROUTERS}")
+        self.check(self.attr("align_tokens") >= 0, "attribute align_tokens must be >= 0")
 
 
 class CountOp(Op):

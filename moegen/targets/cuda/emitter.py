@@ -12,24 +12,14 @@ from dataclasses import dataclass, field
 from ... import __version__
 from ..header import file_header
 from ...ir import Module
-from ...passes.tile import GEMM_TILE, align_up
+from ...passes.tile import ALIGN_WARPS, GEMM_TILE, align_up
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
 
 HEADER_FILE = "moegen_w4a16.cuh"
 ROUTER_WARPS = 4
-ALIGN_THREADS = 512
-ROUTE_ALIGN_SLOTS = 512     # shared-memory slots of the fused router + align kernel (4 KB)
-# and at most one token per warp of the align CTA: measured on the H200, the fused kernel saves
-# 1.7-2 us at T = 1, breaks even at T = 16 and loses 6-10 us at T = 64 (4 tokens per warp)
-ROUTE_ALIGN_TOKENS = ALIGN_THREADS // 32
-
-
-def route_align_max_tokens(top_k: int) -> int:
-    """The largest call the one-CTA router + align kernel takes (larger calls launch the router
-    and align kernels)."""
-    return max(1, min(ROUTE_ALIGN_TOKENS, ROUTE_ALIGN_SLOTS // top_k))
+ALIGN_THREADS = 32 * ALIGN_WARPS
 
 
 def max_blocks(tokens: int, top_k: int, num_experts: int, block: int) -> int:
@@ -105,6 +95,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
 def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
     m = spec.moe
     fn = module.function()
+    router = next(op for op in fn.ops if op.NAME == "moe.topk_softmax")
+    fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
     fused = gemms[0].epilogue == 1
     summed = gemms[1].sum_topk > 0
@@ -117,7 +109,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                     renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
                     gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
-                    ROUTE_ALIGN_MAX_TOKENS=route_align_max_tokens(m.top_k))
+                    ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"))
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
     offsets = {}
@@ -153,13 +145,14 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                   "top_k": m.top_k, "group": spec.quant.group_size},
         "buckets": [[v["max_tokens"], v["block"]] for v in buckets],
         "kernels": [
-            {"name": "moe_route_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
-             "when": f"router logits given, T <= {route_align_max_tokens(m.top_k)}"},
+            *([{"name": "moe_route_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
+                "when": f"router logits given, T <= {fused_tokens}"}] if fused_tokens else []),
             {"name": "moe_router_topk", "grid": ["ceil(T / %d)" % ROUTER_WARPS, 1, 1],
              "block": ROUTER_WARPS * 32,
-             "when": f"router logits given, T > {route_align_max_tokens(m.top_k)}"},
+             "when": f"router logits given, T > {fused_tokens}" if fused_tokens else
+                     "router logits given"},
             {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
-             "when": f"routing given, or T > {route_align_max_tokens(m.top_k)}"},
+             "when": f"routing given, or T > {fused_tokens}" if fused_tokens else "always"},
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles, v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out}
@@ -169,7 +162,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
             *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],
                                   "block": 256}]),
         ],
-        "route_align_max_tokens": route_align_max_tokens(m.top_k),
+        "router": router.attr("router"),
+        "route_align_max_tokens": fused_tokens,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": {"bytes": total, "alignment": align, "arena_bytes": arena,
