@@ -349,6 +349,20 @@ def _candidates(space: list, label: str, start: float, budget_s: float | None, l
     print(file=sys.stderr)
 
 
+def _nvrtc_inputs(spec: Spec, space: list, arch: str):
+    """(code, options) of each candidate's module, as MoeW4A16 will compile it (None where the
+    candidate does not lower: the sweep reports that itself)."""
+    from .passes.pipelines import lower
+    from .targets.cuda.emitter import emit_moe
+    from .targets.cuda.runtime import nvrtc_input
+    for cfg in space:
+        try:
+            module, _, pm = lower(spec, "cuda", cfg.pipeline(), tuning=None)
+            yield nvrtc_input(emit_moe(spec, module, pm.pipeline, arch), arch)
+        except Exception:                  # noqa: BLE001
+            yield None
+
+
 def _check(cp, out, call, want) -> None:
     """Poison `out`, run `call`, and raise unless its result is within 2e-3 of `want`."""
     import numpy as np
@@ -409,6 +423,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
 
     from . import reference
     from .targets.cuda.bench import time_call
+    from .targets.cuda.compile_ahead import AheadCompiler
     from .targets.cuda.runtime import MoeW4A16, _cupy
     cp = _cupy()
     spec = load_spec(spec)
@@ -439,18 +454,21 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
         space = config_space(spec, t)
         best = (math.inf, None)
         timed = 0
-        for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
-            try:
-                layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(), tuning=None)
-                layers[cfg] = layer
-                _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
-                us = time_call(cp, lambda: layer(xd, ld, packed), reps)
-            except Exception as exc:  # compile failure, resources, wrong numbers: infinite
-                _scored_infinite(cfg, exc, log)
-                continue
-            timed += 1
-            if us < best[0]:
-                best = (us, cfg)
+        with AheadCompiler(_nvrtc_inputs(spec, space, default.arch)) as ahead:
+            for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
+                ahead.next()                # its module compiled in a worker, if it could be
+                try:
+                    layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(),
+                                                        tuning=None)
+                    layers[cfg] = layer
+                    _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
+                    us = time_call(cp, lambda: layer(xd, ld, packed), reps)
+                except Exception as exc:  # compile failure, resources, wrong numbers: infinite
+                    _scored_infinite(cfg, exc, log)
+                    continue
+                timed += 1
+                if us < best[0]:
+                    best = (us, cfg)
         if best[1] is None:
             continue
         default_cfg = default_config(spec, t)           # lowers the spec: once per count

@@ -66,13 +66,18 @@ def module_source(program: CudaProgram) -> str:
     return f"// {HEADER_FILE} sha256 {digest}\n{program.source}"
 
 
+def nvrtc_input(program: CudaProgram, arch: str) -> tuple[str, tuple[str, ...]]:
+    """(code, options) NVRTC compiles for the program; CuPy's disk cache keys on exactly these
+    (with the NVRTC version), so a module compiled from them elsewhere is found here."""
+    include = data_dir("templates") / "cuda"
+    return module_source(program), ("--std=c++17", f"--gpu-architecture={arch}", f"-I{include}")
+
+
 def compile_program(program: CudaProgram, arch: str, stem: str):
     """CuPy RawModule of the program's source, for `arch`; failures name the source and options.
     Cached in this process (by code and options) and across processes by CuPy's disk cache."""
     cp = _cupy()
-    include = data_dir("templates") / "cuda"
-    options = ("--std=c++17", f"--gpu-architecture={arch}", f"-I{include}")
-    code = module_source(program)
+    code, options = nvrtc_input(program, arch)
     key = hashlib.sha256("\0".join((code, *options)).encode()).hexdigest()
     if key in _MODULES:
         return _MODULES[key]

@@ -1,0 +1,69 @@
+"""The sweep's ahead-of-time compiles: order, window, failures left to the sweep."""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import moegen
+from moegen import autotune as at
+from moegen.targets.cuda.compile_ahead import AheadCompiler
+from moegen.targets.cuda.emitter import emit_moe
+from moegen.passes.pipelines import lower
+from moegen.targets.cuda.runtime import nvrtc_input
+from conftest import ROOT
+
+QWEN = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+
+
+def test_compiles_ahead_in_order_within_the_window():
+    started, lock = [], threading.Lock()
+    gate = threading.Event()
+
+    def fake_compile(code, options):
+        with lock:
+            started.append(code)
+        gate.wait(5)
+        if code == "bad":
+            raise RuntimeError("nvrtc says no")
+
+    inputs = [("a", ()), None, ("bad", ()), ("c", ()), ("d", ()), ("e", ()), ("f", ())]
+    ahead = AheadCompiler(inputs, workers=2, executor=ThreadPoolExecutor(1),
+                          compile_fn=fake_compile)
+    assert len(ahead.pending) == 4               # 2 x workers in flight, None included
+    gate.set()
+    for _ in inputs:
+        ahead.next()
+    ahead.close()
+    assert started == ["a", "bad", "c", "d", "e", "f"] and ahead.failed == 1
+    ahead.next()                                 # past the end: nothing to wait for
+
+
+def test_a_broken_pool_leaves_the_compiles_to_the_sweep():
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()                              # submit raises from now on
+    with AheadCompiler([("a", ()), ("b", ())], workers=1, executor=pool,
+                       compile_fn=lambda *a: None) as ahead:
+        assert ahead.broken and list(ahead.pending) == [None, None]
+        ahead.next()
+
+
+def test_inputs_are_what_the_layer_compiles():
+    space = at.config_space(QWEN, 1)[:3]
+    bad = at.MoeConfig(8, 64, 8, 1)              # split-K 64 does not divide K: no module
+    inputs = list(at._nvrtc_inputs(QWEN, space + [bad], "sm_90"))
+    assert inputs[-1] is None and all(inputs[:-1])
+    for cfg, (code, options) in zip(space, inputs):
+        module, _, pm = lower(QWEN, "cuda", cfg.pipeline(), tuning=None)
+        assert (code, options) == nvrtc_input(emit_moe(QWEN, module, pm.pipeline, "sm_90"),
+                                              "sm_90")
+        assert "--gpu-architecture=sm_90" in options
+    with pytest.raises(Exception):
+        lower(QWEN, "cuda", bad.pipeline(), tuning=None)
+
+
+def test_worker_processes_start_and_failures_are_counted():
+    """The real pool (spawned processes, the real worker function): code NVRTC rejects, or a
+    machine without CuPy, is a counted failure, never an exception in the sweep."""
+    with AheadCompiler([("not C++", ("--std=c++17",))], workers=1) as ahead:
+        ahead.next()
+        assert ahead.failed == 1 and not ahead.pending
