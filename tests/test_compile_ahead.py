@@ -67,3 +67,13 @@ def test_worker_processes_start_and_failures_are_counted():
     with AheadCompiler([("not C++", ("--std=c++17",))], workers=1) as ahead:
         ahead.next()
         assert ahead.failed == 1 and not ahead.pending
+
+
+def test_a_stuck_compile_is_not_waited_for_past_the_timeout():
+    release = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    with AheadCompiler([("slow", ())], workers=1, executor=pool, timeout_s=0.05,
+                       compile_fn=lambda *a: release.wait(5)) as ahead:
+        ahead.next()
+        assert ahead.failed == 1
+    release.set()

@@ -34,12 +34,14 @@ class AheadCompiler:
 
     def __init__(self, inputs: Iterable[tuple[str, tuple] | None], workers: int | None = None,
                  executor: Executor | None = None,
-                 compile_fn: Callable[[str, tuple], None] = compile_in_worker):
+                 compile_fn: Callable[[str, tuple], None] = compile_in_worker,
+                 timeout_s: float = 300.0):
         workers = workers or worker_count()
         self.executor = executor or ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"))
         self.inputs: Iterator = iter(inputs)
         self.compile_fn = compile_fn
+        self.timeout_s = timeout_s
         self.window = 2 * workers
         self.pending: collections.deque = collections.deque()
         self.failed = 0
@@ -66,9 +68,9 @@ class AheadCompiler:
             future = self.pending.popleft()
             if future is not None:
                 try:
-                    future.result()
+                    future.result(timeout=self.timeout_s)
                 except Exception:          # noqa: BLE001 - the sweep builds it and reports
-                    self.failed += 1
+                    self.failed += 1       # (a compile past the timeout too: never a hang)
         self._top_up()
 
     def close(self) -> None:
