@@ -186,6 +186,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Every CTA of a group calls this once its global writes are done: true in the last one to
+// arrive, which then sees all of them; the counter is reset for the next call. `flag`: a
+// __shared__ int of the CTA.
+__device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& flag) {
+  __threadfence();                         // this CTA's writes are visible before it counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(counter, 1);
+    flag = done == arrivals - 1;
+    if (flag) *counter = 0;                // ready for the next call
+  }
+  __syncthreads();
+  if (!flag) return false;
+  __threadfence();
+  return true;
+}
+
 // sum_out[t, col .. col + 7] = sum over k of rows[t * TOPK + k, same columns], in fp32 in k
 // order, rounded once: the top-k sum of moe_aggregate and of the topk_sum epilogue (so the two
 // agree bit for bit). FROM_L2: read through L2 only (__ldcg), for rows that other CTAs of the
@@ -473,16 +490,7 @@ __device__ __forceinline__ void grouped_gemm(
     const int tile_id = blk * NTILES + tile;
     float* mine = partials + ((size_t)tile_id * SPLIT + split) * ROWS * 64;
     for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) mine[x] = red[x / 64][x % 64];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int done = atomicAdd(&counters[tile_id], 1);
-      last_cta = done == SPLIT - 1;
-      if (last_cta) counters[tile_id] = 0;      // ready for the next call
-    }
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
+    if (!last_to_arrive(&counters[tile_id], SPLIT, last_cta)) return;
     const float* all = partials + (size_t)tile_id * SPLIT * ROWS * 64;
     for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) {
       float sum = 0.0f;
@@ -515,17 +523,7 @@ __device__ __forceinline__ void grouped_gemm(
   if constexpr (SUM_TOPK > 0) {
     // one CTA per moe block writes this column tile (the split-K ones returned above); the
     // last of them to arrive sums the tile for every token
-    __threadfence();                       // this CTA's rows are visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int writers = *total_ptr / BLOCK;
-      const int done = atomicAdd(&sum_counters[tile], 1);
-      last_cta = done == writers - 1;
-      if (last_cta) sum_counters[tile] = 0;      // ready for the next call
-    }
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
+    if (!last_to_arrive(&sum_counters[tile], *total_ptr / BLOCK, last_cta)) return;
     const int tokens = num_slots / SUM_TOPK;
     for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {   // 8 chunks of 8 columns
       const int col = tile * 64 + (x % 8) * 8;

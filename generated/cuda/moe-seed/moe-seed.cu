@@ -235,17 +235,17 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 }
 
 // Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
-// its tokens into shared memory and counts them, then the align above runs on the shared copy.
+// its tokens into shared memory and counts them, then the align above runs on the shared copy
+// (the top-k never goes to global memory: nothing after align reads it).
 // At decode sizes each of the two kernels costs more in its own launch and global round trips
 // than in its work.
 constexpr int ROUTE_ALIGN_MAX_TOKENS = 16;
 constexpr int TOKENS_PER_WARP = (ROUTE_ALIGN_MAX_TOKENS + ALIGN_WARPS - 1) / ALIGN_WARPS;
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
-moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
-                float* __restrict__ topk_weights, int block, int* __restrict__ sorted_ids,
-                int* __restrict__ expert_ids, float* __restrict__ weights_flat,
-                int* __restrict__ total_out) {
+moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
+                int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+                float* __restrict__ weights_flat, int* __restrict__ total_out) {
   __shared__ AlignShared sh;
   __shared__ int ids[ROUTE_ALIGN_MAX_TOKENS * TOPK];
   __shared__ float weights[ROUTE_ALIGN_MAX_TOKENS * TOPK];
@@ -270,8 +270,6 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int* __restric
       for (int k = 0; k < TOPK; ++k) {
         ids[token * TOPK + k] = id[k];
         weights[token * TOPK + k] = w[k];
-        topk_ids[token * TOPK + k] = id[k];
-        topk_weights[token * TOPK + k] = w[k];
         atomicAdd(&sh.counts[id[k]], 1);
       }
     }

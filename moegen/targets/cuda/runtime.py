@@ -175,9 +175,6 @@ class MoeW4A16:
         for k in self.plan["kernels"]:
             self.kernels[k["name"]] = self.module.get_function(k["name"])
         self.threads = {k["name"]: k["block"] for k in self.plan["kernels"]}   # per CTA
-        for always in ("moe_swiglu", "moe_aggregate"):   # in every module; the plan picks
-            if always not in self.kernels:
-                self.kernels[always] = self.module.get_function(always)
         ws = self.plan["workspace"]
         self.workspace = cp.zeros(ws["bytes"], dtype=cp.uint8)   # once; counters start at 0
         m = self.spec.moe
@@ -224,15 +221,11 @@ class MoeW4A16:
         k = self.spec.moe.top_k
         return ids.reshape(t, k), wts.reshape(t, k)
 
-    def _routing_buffers(self, cp, logits, t: int):
-        """The logits on the device, checked; the workspace views the top-k goes to."""
+    def _route(self, cp, logits, t: int):
         m = self.spec.moe
         la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
-        return (la, self._view(cp, "topk_ids", cp.int32, t * m.top_k),
-                self._view(cp, "topk_weights", cp.float32, t * m.top_k))
-
-    def _route(self, cp, logits, t: int):
-        la, ids, wts = self._routing_buffers(cp, logits, t)
+        ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
+        wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
         threads = self.threads["moe_router_topk"]        # one warp per token
         self.kernels["moe_router_topk"]((-(-t // (threads // 32)),), (threads,),
                                         (la, np.int32(t), ids, wts))
@@ -274,10 +267,9 @@ class MoeW4A16:
             if logits is not None and (topk_ids is not None or topk_weights is not None):
                 raise ValueError("give router logits or topk_ids/topk_weights, not both")
             if logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
-                la, ids, wts = self._routing_buffers(cp, logits, t)
+                la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
                 self.kernels["moe_route_align"]((1,), (self.threads["moe_route_align"],),
-                                                (la, np.int32(t), ids, wts, np.int32(block),
-                                                 *aligned))
+                                                (la, np.int32(t), np.int32(block), *aligned))
             else:
                 if logits is not None:
                     ids, wts = self._route(cp, logits, t)
