@@ -349,13 +349,17 @@ def _candidates(space: list, label: str, start: float, budget_s: float | None, l
     print(file=sys.stderr)
 
 
-def _nvrtc_inputs(spec: Spec, space: list, arch: str):
-    """(code, options) of each candidate's module, as MoeW4A16 will compile it (None where the
-    candidate does not lower: the sweep reports that itself)."""
+def _nvrtc_inputs(spec: Spec, space: list, arch: str, built: dict | None = None):
+    """(code, options) of each candidate's module, as MoeW4A16 will compile it; None where the
+    candidate is in `built` (a layer the sweep already has) or does not lower (the sweep
+    reports that itself)."""
     from .passes.pipelines import lower
     from .targets.cuda.emitter import emit_moe
     from .targets.cuda.runtime import nvrtc_input
     for cfg in space:
+        if built and cfg in built:
+            yield None
+            continue
         try:
             module, _, pm = lower(spec, "cuda", cfg.pipeline(), tuning=None)
             yield nvrtc_input(emit_moe(spec, module, pm.pipeline, arch), arch)
@@ -423,7 +427,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
 
     from . import reference
     from .targets.cuda.bench import time_call
-    from .targets.cuda.compile_ahead import AheadCompiler
+    from .targets.cuda.compile_ahead import AheadCompiler, compile_pool, worker_count
     from .targets.cuda.runtime import MoeW4A16, _cupy
     cp = _cupy()
     spec = load_spec(spec)
@@ -440,43 +444,49 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
     layers: dict = {}
     packed = None
     results = []
-    for t in tokens:
-        x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
-        logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
-        ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
-        want = reference.moe_w4a16(x, ids, w, w13, s13, w2, s2, g)
-        xd, ld = cp.asarray(x), cp.asarray(logits)
-        default = layers.get(None) or MoeW4A16(spec, tuning=None)   # the documented defaults
-        layers[None] = default
-        if packed is None:        # the weight layout does not depend on the config: pack once
-            packed = default.pack(w13, s13, w2, s2)
-        default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
-        space = config_space(spec, t)
-        best = (math.inf, None)
-        timed = 0
-        with AheadCompiler(_nvrtc_inputs(spec, space, default.arch)) as ahead:
-            for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
-                ahead.next()                # its module compiled in a worker, if it could be
-                try:
-                    layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(),
-                                                        tuning=None)
-                    layers[cfg] = layer
-                    _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
-                    us = time_call(cp, lambda: layer(xd, ld, packed), reps)
-                except Exception as exc:  # compile failure, resources, wrong numbers: infinite
-                    _scored_infinite(cfg, exc, log)
-                    continue
-                timed += 1
-                if us < best[0]:
-                    best = (us, cfg)
-        if best[1] is None:
-            continue
-        default_cfg = default_config(spec, t)           # lowers the spec: once per count
-        swept = best
-        best = keep_default_unless_faster(best, default_cfg, default_us)
-        results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
-                        "default_us": default_us, "checked": True})
-        log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space)))
+    workers = worker_count()
+    pool = compile_pool(workers)            # one set of compile workers for every token count
+    try:
+        for t in tokens:
+            x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
+            logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
+            ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
+            want = reference.moe_w4a16(x, ids, w, w13, s13, w2, s2, g)
+            xd, ld = cp.asarray(x), cp.asarray(logits)
+            default = layers.get(None) or MoeW4A16(spec, tuning=None)   # the documented defaults
+            layers[None] = default
+            if packed is None:        # the weight layout does not depend on the config: pack once
+                packed = default.pack(w13, s13, w2, s2)
+            default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
+            space = config_space(spec, t)
+            best = (math.inf, None)
+            timed = 0
+            with AheadCompiler(_nvrtc_inputs(spec, space, default.arch, layers), pool,
+                               2 * workers) as ahead:
+                for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
+                    ahead.next()                # its module compiled in a worker, if it could be
+                    try:
+                        layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(),
+                                                            tuning=None)
+                        layers[cfg] = layer
+                        _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
+                        us = time_call(cp, lambda: layer(xd, ld, packed), reps)
+                    except Exception as exc:  # compile failure, resources, wrong numbers: infinite
+                        _scored_infinite(cfg, exc, log)
+                        continue
+                    timed += 1
+                    if us < best[0]:
+                        best = (us, cfg)
+            if best[1] is None:
+                continue
+            default_cfg = default_config(spec, t)           # lowers the spec: once per count
+            swept = best
+            best = keep_default_unless_faster(best, default_cfg, default_us)
+            results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
+                            "default_us": default_us, "checked": True})
+            log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space)))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     db.record(spec, device, results)
     return results
 

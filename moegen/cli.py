@@ -187,6 +187,12 @@ def cmd_opt(args) -> int:
     return 0
 
 
+def _tuning_db_option(s: argparse.ArgumentParser) -> None:
+    """`--tuning-db` of the commands that run the layer (run, bench)."""
+    s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
+                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
+
+
 def _pass_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--target", choices=("cuda", "ascend"),
                    help="target whose default pipeline runs (default: the spec's first)")
@@ -247,8 +253,7 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("spec")
     s.add_argument("--tokens", default="16", help="token counts, e.g. 1,16,64 (default 16)")
     s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
-    s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
-                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
+    _tuning_db_option(s)
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("bench", help="time the layer on the GPU against its memory floor",
@@ -261,8 +266,7 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--pass-pipeline", metavar="PIPELINE", help="moe_w4a16 specs: time the "
                    "layer built by these passes, e.g. 'fuse-align,fuse-swiglu,"
                    "tile{block-k=32},alloc' (default: the target's pipeline)")
-    s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
-                   "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json, when it exists)")
+    _tuning_db_option(s)
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

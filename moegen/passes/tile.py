@@ -51,6 +51,7 @@ columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM a
 from __future__ import annotations
 
 from ..ir import Module
+from ..ir.ops.moe import ROUTERS
 from .manager import Context, Option, Pass, PipelineError
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
@@ -187,8 +188,8 @@ class TilePass(Pass):
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
-        "router": Option(str, "shuffle", "MoE top-k search of a warp: shuffle or redux",
-                         choices=("shuffle", "redux")),
+        "router": Option(str, ROUTERS[0], "MoE top-k search of a warp: shuffle or redux",
+                         choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
                                                 "align kernel (0: never)", minimum=0),
     }

@@ -27,22 +27,25 @@ def worker_count() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-class AheadCompiler:
-    """Keeps the compiles of the next `window` candidates running; `next()` waits for the one
-    the sweep is about to build. inputs: (code, options) per candidate in sweep order, or None
-    where there is nothing to compile ahead."""
+def compile_pool(workers: int) -> ProcessPoolExecutor:
+    """Spawned worker processes (not forked: the parent holds a CUDA context), for one sweep."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def __init__(self, inputs: Iterable[tuple[str, tuple] | None], workers: int | None = None,
-                 executor: Executor | None = None,
-                 compile_fn: Callable[[str, tuple], None] = compile_in_worker,
+
+class AheadCompiler:
+    """Keeps the compiles of the next `window` candidates running on `executor` (the caller's,
+    shared by the sweeps of all token counts); `next()` waits for the one the sweep is about to
+    build. inputs: (code, options) per candidate in sweep order, or None where there is nothing
+    to compile ahead."""
+
+    def __init__(self, inputs: Iterable[tuple[str, tuple] | None], executor: Executor,
+                 window: int, compile_fn: Callable[[str, tuple], None] = compile_in_worker,
                  timeout_s: float = 300.0):
-        workers = workers or worker_count()
-        self.executor = executor or ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"))
+        self.executor = executor
         self.inputs: Iterator = iter(inputs)
         self.compile_fn = compile_fn
         self.timeout_s = timeout_s
-        self.window = 2 * workers
+        self.window = window
         self.pending: collections.deque = collections.deque()
         self.failed = 0
         self.broken = False
@@ -74,7 +77,11 @@ class AheadCompiler:
         self._top_up()
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """Drop the compiles not started (the sweep stopped before their candidates)."""
+        for future in self.pending:
+            if future is not None:
+                future.cancel()
+        self.pending.clear()
 
     def __enter__(self) -> "AheadCompiler":
         return self

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ... import __version__
 from ..header import file_header
 from ...ir import Module
+from ...ir.ops.moe import EPILOGUES
 from ...passes.tile import ALIGN_WARPS, GEMM_TILE, align_up
 from ...render import render
 from ...resources import data_dir
@@ -68,7 +69,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         kdim = op.operands[0].type.shape[1].value
         n = op.operands[1].type.shape[2].value
         tile = op.attrs["tile"]
-        epi = {"none": 0, "swiglu": 1, "topk_sum": 2}[op.attr("epilogue")]
+        epi = EPILOGUES.index(op.attr("epilogue"))   # the template's EPILOGUE number
         g = GemmPlan(
             name="gate_up" if gate_up else "down", weights="w13" if gate_up else "w2",
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
