@@ -30,9 +30,12 @@ class Value:
 
 @dataclass(frozen=True)
 class Attr:
-    """How an attribute is typed. kind: int, float, bool, str, dim, floats, ints, dict, any."""
+    """How an attribute is typed. kind: int, float, bool, str, dim, floats, ints, dict, any.
+    choice: a kernel choice (tile, schedule, placement), which does not change what the op
+    computes; the interpreter leaves those out."""
     kind: str
     default: Any = ...  # ... = required
+    choice: bool = False
 
     @property
     def required(self) -> bool:
@@ -43,7 +46,7 @@ OPS: dict[str, type["Op"]] = {}
 
 # Attributes the alloc pass may put on any op: the workspace offset of each result
 # (-1 = not in the workspace: a view, or a value the caller provides).
-PASS_ATTRS = {"offsets": Attr("ints", None)}
+PASS_ATTRS = {"offsets": Attr("ints", None, choice=True)}
 
 
 def _attr_ok(kind: str, value: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .core import Function, Op
+from .core import PASS_ATTRS, Function, Op
 from .ops.msd import DEFAULT_FACTORS
 from .types import DTYPES, IndexType, TensorType
 
@@ -242,8 +242,7 @@ def _store(value: np.ndarray, t) -> np.ndarray:
 
 def _attrs_for(op: Op, env: dict) -> dict:
     attrs = {k: v for k, v in op.attrs.items()
-             if k not in ("tile", "block_buckets", "schedule", "slots", "offsets", "router",
-                          "align_tokens")}       # kernel choices, not semantics
+             if not (op.ATTRS.get(k) or PASS_ATTRS[k]).choice}   # kernel choices: not semantics
     buckets = op.attrs.get("block_buckets")
     if buckets:  # the tile pass chose a block per token bucket: use the one for this call
         tokens = env["?"]

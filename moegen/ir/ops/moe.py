@@ -24,7 +24,8 @@ def _block_attr_ok(op: Op) -> None:
                      f"every bucket's block must be in [1, block = {block}]")
 
 
-TILE_ATTRS = {"block_buckets": Attr("any", None), "tile": Attr("dict", None)}
+TILE_ATTRS = {"block_buckets": Attr("any", None, choice=True),
+              "tile": Attr("dict", None, choice=True)}
 
 
 ROUTERS = ("shuffle", "redux")
@@ -39,7 +40,8 @@ class TopkSoftmaxOp(Op):
     OPERANDS = ("logits",)
     RESULTS = ("ids", "weights")
     ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True),
-             "router": Attr("str", "shuffle"), "align_tokens": Attr("int", 0)}
+             "router": Attr("str", "shuffle", choice=True),
+             "align_tokens": Attr("int", 0, choice=True)}
 
     def verify(self):
         logits = self.tensor(self.operands[0], "logits", "f32", 2)

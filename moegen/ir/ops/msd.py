@@ -35,8 +35,9 @@ class GroupLoopOp(Op):
     NAME = "msd.group_loop"
     OPERANDS = ("init",)
     RESULTS = ("acc",)
-    ATTRS = {"groups": Attr("dim"), "group_size": Attr("dim"), "tile": Attr("dict", None),
-             "schedule": Attr("str", None), "slots": Attr("dict", None)}
+    ATTRS = {"groups": Attr("dim"), "group_size": Attr("dim"),
+             "tile": Attr("dict", None, choice=True),
+             "schedule": Attr("str", None, choice=True), "slots": Attr("dict", None, choice=True)}
     REGION = True
 
     def verify(self):
