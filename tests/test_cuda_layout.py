@@ -1,6 +1,7 @@
 """The packed weight layout, on the CPU: round trips, and a numpy emulation of how the kernel
 consumes it (dequant8 + mma.sync m16n8k16 A-fragment conventions)."""
 import numpy as np
+import pytest
 
 from moegen.targets.cuda.layout import gate_up_columns, pack_weights, unpack_weights
 
@@ -62,10 +63,20 @@ def test_msd_pack_round_trip_and_fragment_view(rng):
         words = pack_msd_weights(q)
         assert words.shape == (-(-n // 8), k // 64, 32, 2)
         assert np.array_equal(unpack_msd_weights(words, n), q)
-        # mma.sync m16n8k64 s4 B fragment: lane l's word j, nibble i is
-        # k = 64 s + 32 j + 8 (l % 4) + i of column 8 t + l / 4
-        t, s, lane, j, i = rng.integers(0, words.shape[0]), rng.integers(0, k // 64), 13, 1, 5
-        col = 8 * t + lane // 4
-        if col < n:
+        # mma.sync m16n8k64 u4 B fragment: lane l's word j, nibble i is q + 8 at
+        # k = 64 s + 32 j + 8 (l % 4) + i of column 8 t + l / 4 (padding columns: q = 0)
+        for _ in range(20):
+            t, s = rng.integers(0, words.shape[0]), rng.integers(0, k // 64)
+            lane, j, i = rng.integers(0, 32), rng.integers(0, 2), rng.integers(0, 8)
+            col = 8 * t + lane // 4
             nib = (int(words[t, s, lane, j]) >> (4 * i)) & 0xF
-            assert nib == q[64 * s + 32 * j + 8 * (lane % 4) + i, col] & 0xF
+            want = q[64 * s + 32 * j + 8 * (lane % 4) + i, col] if col < n else 0
+            assert nib == want + 8
+
+
+def test_msd_pack_rejects_values_outside_int4(rng):
+    from moegen.targets.cuda.layout import pack_msd_weights
+    q = rng.integers(-8, 8, (64, 16), dtype=np.int8)
+    q[3, 5] = 8
+    with pytest.raises(ValueError, match=r"w_q: values -?\d+\.\.8 are not int4"):
+        pack_msd_weights(q)

@@ -164,8 +164,8 @@ def test_router_matches_reference(rng, router):
 
 def test_redux_router_is_bitwise_the_shuffle_router(rng):
     spec = moe_spec(1024, 512, 60, 6)
-    shuffle = layer_for(spec)
-    redux = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{router=redux},alloc")
+    shuffle = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{router=shuffle},alloc")
+    redux = layer_for(spec)                             # the default
     for t in (1, 7, 300):
         logits = cp.asarray(rng.standard_normal((t, 60)).astype(np.float32))
         a = [cp.asnumpy(x) for x in shuffle.route(logits)]
@@ -179,7 +179,7 @@ ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_po
 
 @pytest.mark.parametrize("shape,tokens,tile", [
     ((256, 128, 128, 8), (1, 5, 16), ""), ((256, 128, 64, 16), (1, 15, 16), ""),
-    ((256, 128, 128, 8), (1, 17, 63, 64), "{router=redux,route-align-tokens=64}"),
+    ((256, 128, 128, 8), (1, 17, 63, 64), "{router=shuffle,route-align-tokens=64}"),
     ((256, 128, 60, 6), (1, 33, 64), "{route-align-tokens=64}")])
 def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
     """Up to route_align_max_tokens one CTA routes and aligns: the same top-k, sorted slots,
@@ -243,7 +243,7 @@ def test_fused_topk_sum_matches_the_aggregate_kernel(rng, shape, split):
     after call (the arrival counters reset themselves)."""
     h, i, e, k = shape
     spec = moe_spec(h, i, e, k)
-    plain = layer_for(spec)
+    plain = layer_for(spec, pipeline=f"fuse-align,fuse-swiglu,tile{split},alloc")   # same GEMMs
     fused = layer_for(spec, pipeline=FUSED_SUM.format(split=split))
     assert "moe_aggregate" not in [kk["name"] for kk in fused.plan["kernels"]]
     host_w = moe_weights(rng, e, h, i, 128)

@@ -44,8 +44,8 @@ def test_kernels_render_the_schedule():
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
     assert check(source, schedules()) == []
-    assert "moegen::mma_s4_as_s8(" in source          # the default MMA: s8 on widened int4
-    assert "moegen::mma_s4_16864(" in emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
+    assert "moegen::mma_s8u8_16832(" in source        # the default MMA: s8 x u8 on widened int4
+    assert "moegen::mma_s4u4_16864(" in emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
 
 
 @pytest.mark.parametrize("old,new", [

@@ -173,12 +173,13 @@ def test_nvcc_compiles_the_fused_topk_sum(tmp_path, arch, name):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_nvcc_compiles_the_redux_router(tmp_path, arch):
-    """tile{router=redux,route-align-tokens=64}: redux.sync top-k, four tokens per align warp."""
+def test_nvcc_compiles_the_shuffle_router(tmp_path, arch):
+    """tile{router=shuffle,route-align-tokens=64}: shuffle top-k (the generated examples use
+    redux), four tokens per align warp."""
     spec = moegen.load_spec(ROOT / "examples" / "deepseek-v2-lite.yaml")
-    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{router=redux,route-align-tokens=64},"
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{router=shuffle,route-align-tokens=64},"
                                "alloc")
-    assert "constexpr bool ROUTER_REDUX = true;" in files["deepseek-v2-lite.cu"]
+    assert "constexpr bool ROUTER_REDUX = false;" in files["deepseek-v2-lite.cu"]
     assert "constexpr int ROUTE_ALIGN_MAX_TOKENS = 64;" in files["deepseek-v2-lite.cu"]
     log = nvcc_build(write_emitted(files, "deepseek-v2-lite", tmp_path), tmp_path, arch)
     assert_no_spills(log)
@@ -191,4 +192,4 @@ def test_no_fused_route_align_when_turned_off():
     assert plan["route_align_max_tokens"] == 0
     assert "moe_route_align" not in files["qwen3-30b-a3b.cu"]
     assert "moe_route_align" not in [k["name"] for k in plan["kernels"]]
-    assert plan["router"] == "shuffle"
+    assert plan["router"] == "redux"

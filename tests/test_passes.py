@@ -165,14 +165,14 @@ def test_topk_sum_epilogue_rules():
 
 def test_router_choices_recorded_by_tile():
     text = str(lower(MOE, "cuda")[0])
-    assert 'moe.topk_softmax(%router_logits) {k = 8, renormalize = true, router = "shuffle", ' \
+    assert 'moe.topk_softmax(%router_logits) {k = 8, renormalize = true, router = "redux", ' \
            'align_tokens = 16' in text
-    text = str(lower(MOE, "cuda", "fuse-align,tile{router=redux,route-align-tokens=64},alloc")[0])
-    assert 'router = "redux", align_tokens = 64' in text
+    text = str(lower(MOE, "cuda", "fuse-align,tile{router=shuffle,route-align-tokens=64},alloc")[0])
+    assert 'router = "shuffle", align_tokens = 64' in text
     assert "align_tokens = 0" in str(lower(MOE, "cuda", "fuse-align,tile{route-align-tokens=0}")[0])
     with pytest.raises(PipelineError, match=r"tile\{route-align-tokens=65\}: must be 0..64"):
         lower(MOE, "cuda", "fuse-align,tile{route-align-tokens=65}")
-    with pytest.raises(PipelineError, match=r"tile\{router=fast\}: must be one of shuffle, redux"):
+    with pytest.raises(PipelineError, match=r"tile\{router=fast\}: must be one of redux, shuffle"):
         lower(MOE, "cuda", "tile{router=fast}")
     # top-k 16: the align CTA's 512 shared slots hold 32 tokens
     k16 = moegen.load_spec({"name": "k16", "pipeline": "moe_w4a16", "moe": {

@@ -24,9 +24,10 @@ MoE (`moe_w4a16`):
   split over CTAs until about four CTAs per SM are busy; otherwise 1 (measured: splitting
   when every SM already has a tile only adds the reduction). K/16 must divide evenly over
   split_k x warps (warps drop to 2 or 1 when it does not).
-- Router, on ``moe.topk_softmax``: ``router`` = shuffle (five shuffle rounds of value and id
-  per pick; the default) or redux (``router=redux``: redux.sync on order-preserving integer
-  keys, two per pick; the same ids and weights); ``align_tokens``: calls of up to that many
+- Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
+  order-preserving integer keys, two per pick; measured 1 to 1.4 us faster than shuffle per
+  decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
+  the same ids and weights); ``align_tokens``: calls of up to that many
   tokens are routed inside the align kernel's CTA, one token per warp of it (16) by default,
   ``route-align-tokens=N`` up to 64 tokens and 512 slots, 0 never.
 
@@ -38,7 +39,7 @@ dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as
 MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 64 output
 columns per CTA (block-n=32 halves them; 64 measured best at the seed shape), the matrix warps'
 weight ring 4 groups deep
-(stages=N), the vector warps' activation ring as deep as 8 KB per warp allows (2..4 groups),
+(stages=N), the vector warps' activation ring as deep as 4 KB per warp allows (2..4 groups),
 K split over CTAs (whole groups, at least two each) until about 6 CTAs per SM are busy, and the
 integer MMA
 `s8` (the default: mma.sync m16n8k32 on weights and slices widened to int8 in registers) or `s4`
@@ -67,7 +68,7 @@ ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 6         # MSD split-K target (the sweep's best at the seed shape: 64 columns x 4)
-MSD_X_RING_BYTES = 8192     # activation ring of one vector warp (MSD on CUDA)
+MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 
 
@@ -138,9 +139,31 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
 
 
 def msd_x_stages(m: int, group: int) -> int:
-    """Activation-ring depth of a vector warp: its rows of one group, up to 8 KB, 2..8 deep."""
+    """Activation-ring depth of a vector warp: its rows of one group, up to 4 KB, 2..4 deep."""
     stage = -(-m // 2) * group * 2
     return max(2, min(4, MSD_X_RING_BYTES // stage))
+
+
+MSD_SHARED_LIMIT = 227 * 1024   # dynamic shared memory of a CTA on sm_90
+MSD_MAX_SLOTS = {"a_max": 2, "a_unfold": 3, "y_int": 2}   # the preload schedule's (basic: 1 each)
+MSD_MAX_BARRIERS = 16            # mbarriers of the flag rings, at most, in these schedules
+
+
+def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
+                     barriers: int) -> int:
+    """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): mbarriers
+    (padded to 16 bytes), the weight and activation rings, and per slot the unfolded A (int8
+    fragments for the s8 MMA, padded int4 rows for s4), int32 Y (rows padded by 8 words),
+    A_max and the slice sums."""
+    rows = steps * m
+    mt = -(-rows // 16)
+    bn = tile["block_n"]
+    unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
+    return (8 * (barriers + barriers % 2)
+            + 2 * tile["w_stages"] * (bn // 16) * (group // 64) * 32 * 8
+            + 2 * tile["x_stages"] * -(-m // 2) * group * 2
+            + 4 * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
+                   + slots["a_max"] * (m + rows)))
 
 
 def msd_split_k(groups: int, col_blocks: int) -> int:
@@ -188,7 +211,7 @@ class TilePass(Pass):
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
-        "router": Option(str, ROUTERS[0], "MoE top-k search of a warp: shuffle or redux",
+        "router": Option(str, ROUTERS[0], "MoE top-k search of a warp: redux or shuffle",
                          choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
                                                 "align kernel (0: never)", minimum=0),
@@ -315,12 +338,28 @@ class TilePass(Pass):
             tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
                     for k, v in MSD_CUDA_TILE.items()}
             s = spec.msd
-            groups = s.k // spec.quant.group_size
+            g = spec.quant.group_size
+            groups = s.k // g
+            x_stages = msd_x_stages(s.m, g)
+
+            def shared(block_n: int) -> int:
+                t = {"block_n": block_n, "w_stages": max(2, tile["stages"]),
+                     "x_stages": x_stages, "mma": tile["mma"]}
+                return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
+
+            if self.option("block-n") is None and "block_n" not in tuned:
+                while tile["block_n"] > 16 and shared(tile["block_n"]) > MSD_SHARED_LIMIT:
+                    tile["block_n"] //= 2        # large M x steps: fewer columns per CTA
+            if shared(tile["block_n"]) > MSD_SHARED_LIMIT:
+                raise PipelineError(f"tile{{block-n={tile['block_n']}}}: the MSD kernel of "
+                                    f"msd.m = {s.m}, msd.steps = {s.steps} would need "
+                                    f"{shared(tile['block_n'])} bytes of shared memory (at most "
+                                    f"{MSD_SHARED_LIMIT}): use fewer columns per CTA")
             split = self.option("split-k", tuned.get("split_k") or
                                 msd_split_k(groups, -(-s.n // tile["block_n"])))
             if groups % split:
                 raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
                                     f"split evenly")
             loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
-                                  "x_stages": msd_x_stages(s.m, spec.quant.group_size),
+                                  "x_stages": x_stages,
                                   "mma": tile["mma"], "split_k": split}

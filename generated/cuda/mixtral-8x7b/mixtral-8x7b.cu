@@ -23,7 +23,7 @@ constexpr bool RENORMALIZE = true;
 constexpr int PER_LANE = (E + 31) / 32;   // a lane holds experts lane, lane + 32, ...
 // the top-k search: "shuffle" (five shuffle rounds of value and id per pick) or "redux" (one
 // redux.sync for the largest key, one for the lowest expert holding it)
-constexpr bool ROUTER_REDUX = false;
+constexpr bool ROUTER_REDUX = true;
 
 // One token's logits into a warp, -inf past E.
 __device__ __forceinline__ void load_logits(const float* __restrict__ logits, int token, int lane,

@@ -46,10 +46,10 @@ __device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsig
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// D = A (16x64 int4, row) x B (64x8 int4, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_s4_16864(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+// D = A (16x64 int4, row) x B (64x8 unsigned int4, col) + C, int32 accumulate.
+__device__ __forceinline__ void mma_s4u4_16864(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32 "
+      "mma.sync.aligned.m16n8k64.row.col.s32.s4.u4.s32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -114,10 +114,11 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   unsigned done = 0;
   while (!done) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+    // the warp sleeps until the phase completes (or 10 us pass) instead of spinning on issue slots
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; "
                  "selp.u32 %0, 1, 0, p; }\n"
                  : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "r"(smem_addr(bar)), "r"(parity), "n"(10000)
                  : "memory");
 #else
     asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
@@ -129,33 +130,28 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   }
 }
 
-// D = A (16x32 int8, row) x B (32x8 int8, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_s8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+// D = A (16x32 int8, row) x B (32x8 uint8, col) + C, int32 accumulate.
+__device__ __forceinline__ void mma_s8u8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Eight signed nibbles -> two words of four sign-extended bytes: nibbles 0, 2, 4, 6 in `even`,
-// 1, 3, 5, 7 in `odd`. (x ^ 8) - 8 per byte sign-extends a 4-bit two's-complement value.
-__device__ __forceinline__ void widen_s4(unsigned w, unsigned& even, unsigned& odd) {
-  even = __vsub4((w & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
-  odd = __vsub4(((w >> 4) & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
+// Eight unsigned nibbles -> two words of four bytes: nibbles 0, 2, 4, 6 in `even`, 1, 3, 5, 7 in
+// `odd` (so k is permuted; the other MMA operand is laid out the same way).
+__device__ __forceinline__ void widen_u4(unsigned w, unsigned& even, unsigned& odd) {
+  even = w & 0x0f0f0f0fu;
+  odd = (w >> 4) & 0x0f0f0f0fu;
 }
 
-// The int4 product of mma_s4_16864 on s8 tensor cores: both operands widened with widen_s4,
-// which permutes k the same way in A and B, so two m16n8k32 steps give the same int32 sums.
-__device__ __forceinline__ void mma_s4_as_s8(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  unsigned ae[4], ao[4], be0, bo0, be1, bo1;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) widen_s4(a[i], ae[i], ao[i]);
-  widen_s4(b0, be0, bo0);
-  widen_s4(b1, be1, bo1);
-  const unsigned lo[4] = {ae[0], ae[1], ao[0], ao[1]}, hi[4] = {ae[2], ae[3], ao[2], ao[3]};
-  mma_s8_16832(c, lo, be0, bo0);
-  mma_s8_16832(c, hi, be1, bo1);
+// the low N bytes (1, 2 or 4) of v to an N-aligned shared-memory address
+template <int N>
+__device__ __forceinline__ void store_low_bytes(unsigned char* p, unsigned v) {
+  if constexpr (N == 1) *p = static_cast<unsigned char>(v);
+  else if constexpr (N == 2) *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(v);
+  else *reinterpret_cast<unsigned*>(p) = v;
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }

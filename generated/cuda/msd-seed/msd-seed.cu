@@ -8,7 +8,10 @@
 // their partial sums in a fixed order. Four warps in the roles of the schedule pass: warps 0
 // and 1 are the two vector units (unfold A: A_max and the int4 slices of each row; merge:
 // int32 Y -> fp32 accumulators), warps 2 and 3 the matrix unit
-// (mma.sync m16n8k32 s8 x s8 on int4 widened in registers -> s32).
+// (mma.sync m16n8k32 s8 x u8, the weights widened in registers -> s32).
+// The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to bytes with one mask
+// each; the MMA then sums (q + 8) a, and merge subtracts 8 * (the sum of the slice's a over the
+// group), which unfold counts: the same int32 Y as signed weights, exactly.
 // The units meet through the schedule's flags, exactly where its action lists say: each flag is
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
@@ -27,13 +30,21 @@ constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 64;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
-constexpr int WORDS = G / 8;                    // 8 int4 per 32-bit word along K
-constexpr int UNFOLD_STRIDE = WORDS + 4;        // words per unfolded row (padding: no bank conflicts)
+// The unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four words
+// of its A fragment, rows lane / 4 and lane / 4 + 8 at the k of the weights' word lane % 4 in
+// that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_u4 gives the
+// weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One 16-byte load
+// per lane and MMA.
+constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
+constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
+constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte stores of 4 rows meet no bank twice
+constexpr int WEIGHT_BIAS = 8;                  // packed nibble = q + WEIGHT_BIAS
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
 constexpr int WARP_N8 = BLOCK_N / 16;           // n8 tiles per matrix warp
 constexpr int VEC_THREADS = 64, CUBE_THREADS = 64;
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
+static_assert(PER == 2 || PER == 4 || PER == 8, "a lane's activations lie within one 32-bit word of int4");
 constexpr int VEC_ROWS = (M + 1) / 2;           // rows of vector unit 0 (unit 1 has M / 2)
 constexpr int W_STAGES = 4, X_STAGES = 4;
 constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
@@ -51,28 +62,36 @@ constexpr int SYNC_AIC_ONLY_AUNFOLD_FLAG = 2;   // id 7, mode 0: cube -> cube, d
 constexpr int SYNC_AIV_AIC_FLAG = 3;   // id 8, mode 2: vec -> cube, depth 2
 constexpr int SYNC_AIC_AIV_FLAG = 4;   // id 9, mode 2: cube -> vec, depth 2
 constexpr int FLAGS = 5;
-__constant__ int FLAG_DEPTH[FLAGS] = {2, 4, 3, 2, 2};
-__constant__ int FLAG_FIRST[FLAGS] = {0, 2, 6, 9, 11};
+// each flag's ring depth and first barrier, folded into the signal and wait of a known flag
+__device__ constexpr int flag_depth(int f) {
+  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 2 : f == SYNC_AIV_ONLY_AMAX_FLAG ? 4 : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 3 : f == SYNC_AIV_AIC_FLAG ? 2 : f == SYNC_AIC_AIV_FLAG ? 2 : 1;
+}
+__device__ constexpr int flag_first(int f) {
+  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 0 : f == SYNC_AIV_ONLY_AMAX_FLAG ? 2 : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 6 : f == SYNC_AIV_AIC_FLAG ? 9 : f == SYNC_AIC_AIV_FLAG ? 11 : 0;
+}
 constexpr int BARRIERS = 13;
+constexpr int BARRIER_WORDS = (BARRIERS + 1) / 2 * 2;   // 8-byte words: what follows is 16-byte aligned
+static_assert(2 * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 && 2 * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0,
+              "the rings keep the unfolded A (read 16 bytes at a time) 16-byte aligned");
 
 struct Shared {
   unsigned long long* bars;   // [BARRIERS]: each flag's ring of mbarriers
-  unsigned* unfold;           // [slots][MT * 16][UNFOLD_STRIDE]
-  int* y;                     // [slots][ROWS][BLOCK_N]
+  unsigned* unfold;           // [slots][UNFOLD_SLOT_WORDS]
+  int* y;                     // [slots][ROWS][Y_STRIDE]
   float* amax;                // [slots][M]
+  int* rowsum;                // [slots][ROWS]: per unfolded row, the sum of its int4 slice
   uint2* wring;               // [2 matrix warps][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [2 vector units][X_STAGES][X_STAGE_HALVES]
 };
 
 // the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
 __device__ __forceinline__ void signal(const Shared& sh, int flag, int n) {
-  moegen::mbar_arrive(&sh.bars[FLAG_FIRST[flag] + n % FLAG_DEPTH[flag]]);
+  moegen::mbar_arrive(&sh.bars[flag_first(flag) + n % flag_depth(flag)]);
 }
 
 // the unit's n-th wait of a flag returns once every signalling thread has signalled n + 1 times
 __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
-  const int depth = FLAG_DEPTH[flag];
-  moegen::mbar_wait(&sh.bars[FLAG_FIRST[flag] + n % depth], (n / depth) & 1);
+  moegen::mbar_wait(&sh.bars[flag_first(flag) + n % flag_depth(flag)], (n / flag_depth(flag)) & 1);
 }
 
 // --- global loads, ahead of the stages -----------------------------------------------------------
@@ -138,28 +157,34 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
 #pragma unroll
         for (int i = 0; i < PER; ++i) t[i] *= FACTORS[s];
       }
-      unsigned bits = 0;
+      unsigned even = 0, odd = 0;               // bytes of the even and odd k of this lane
+      int sum = 0;
 #pragma unroll
       for (int i = 0; i < PER; ++i) {
         const float v = rintf(t[i]);            // round half to even, as numpy
         t[i] -= v;
-        bits |= (static_cast<unsigned>(static_cast<int>(v)) & 0xFu) << (4 * i);
+        const int q = static_cast<int>(v);
+        sum += q;
+        (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
       }
-      // lanes with consecutive k pack into 32-bit words (8 nibbles)
-      constexpr int LANES_PER_WORD = 8 / PER;
-      unsigned word = bits;
-#pragma unroll
-      for (int i = 1; i < LANES_PER_WORD; ++i)
-        word |= __shfl_down_sync(0xffffffffu, bits, i) << (4 * PER * i);
-      if (lane % LANES_PER_WORD == 0)
-        sh.unfold[((size_t)unfold_slot * MT * 16 + s * M + r) * UNFOLD_STRIDE + lane / LANES_PER_WORD] = word;
+      const int row_sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0) sh.rowsum[amax_slot * ROWS + s * M + r] = row_sum;
+      // this lane's k: positions p .. p + PER - 1 of 8-k word `chunk`; the fragment that holds
+      // them is the one of lane (row % 8) * 4 + chunk % 4 in k32 block chunk / 4
+      const int row = s * M + r, chunk = lane * PER / 8, p = lane * PER % 8;
+      unsigned char* frag = reinterpret_cast<unsigned char*>(
+          sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS +
+          (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
+      const int upper = row % 16 / 8;           // row r + 8 of the fragment
+      moegen::store_low_bytes<PER / 2>(frag + 4 * upper + p / 2, even);
+      moegen::store_low_bytes<PER / 2>(frag + 4 * (2 + upper) + p / 2, odd);
     }
     if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
   load_x(sh, x, unit, g + X_STAGES - 1);       // this lane has read its copies of stage g - 1
 }
 
-// int32 Y[y_slot] = unfolded A[unfold_slot] x W[group g, this CTA's columns]
+// int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
@@ -172,40 +197,49 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
 #pragma unroll
     for (int h = 0; h < KSTEPS; ++h) b[j][h] = stage[(j * KSTEPS + h) * 32 + lane];
   load_w(sh, w, cw, g + W_STAGES - 1);
-  const unsigned* au = sh.unfold + (size_t)unfold_slot * MT * 16 * UNFOLD_STRIDE;
+  const unsigned* au = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS;
   for (int mt = 0; mt < MT; ++mt) {
     int c[WARP_N8][4] = {};
 #pragma unroll
     for (int h = 0; h < KSTEPS; ++h) {
-      const int r0 = mt * 16 + lane / 4, wi = h * 8 + lane % 4;
-      const unsigned a[4] = {au[r0 * UNFOLD_STRIDE + wi], au[(r0 + 8) * UNFOLD_STRIDE + wi],
-                             au[r0 * UNFOLD_STRIDE + wi + 4], au[(r0 + 8) * UNFOLD_STRIDE + wi + 4]};
+      // the A fragments of k32 blocks 2h (the weights' word .x) and 2h + 1 (.y)
+      const uint4* frags = reinterpret_cast<const uint4*>(au) + (mt * KBLOCKS + 2 * h) * 32 + lane;
+      const uint4 f0 = frags[0], f1 = frags[32];
+      const unsigned lo[4] = {f0.x, f0.y, f0.z, f0.w}, hi[4] = {f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
-      for (int j = 0; j < WARP_N8; ++j)
-        moegen::mma_s4_as_s8(c[j], a, b[j][h].x, b[j][h].y);
+      for (int j = 0; j < WARP_N8; ++j) {
+        unsigned e0, o0, e1, o1;
+        moegen::widen_u4(b[j][h].x, e0, o0);
+        moegen::widen_u4(b[j][h].y, e1, o1);
+        moegen::mma_s8u8_16832(c[j], lo, e0, o0);
+        moegen::mma_s8u8_16832(c[j], hi, e1, o1);
+      }
     }
 #pragma unroll
     for (int j = 0; j < WARP_N8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = mt * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4) + (e & 1);
-        if (row < ROWS) sh.y[((size_t)y_slot * ROWS + row) * BLOCK_N + col] = c[j][e];
+      for (int half = 0; half < 2; ++half) {    // rows lane / 4 and lane / 4 + 8 of the tile
+        const int row = mt * 16 + lane / 4 + 8 * half;
+        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
+        if (row < ROWS)
+          *reinterpret_cast<int2*>(&sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col]) =
+              make_int2(c[j][2 * half], c[j][2 * half + 1]);
       }
   }
 }
 
-// acc += (sum_i Y_i / d_i) * A_max * scale for this vector unit's half of the columns; `scale_g`
-// holds this lane's scale of group g and is refilled with group g + 1's
+// acc += (sum_i (Y_i - WEIGHT_BIAS * rowsum_i) / d_i) * A_max * scale for this vector unit's half
+// of the columns; `scale_g` holds this lane's scale of group g and is refilled with group g + 1's
+// (kept as fp16 until it is used, so that the load's latency hides behind a whole step)
 __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__ scale, int unit,
-                                      int g, int amax_slot, int y_slot, float& scale_g,
+                                      int g, int amax_slot, int y_slot, half& scale_g,
                                       float (&acc)[ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
   const int c = unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
   const int col = blockIdx.x * BLOCK_N + c;
-  const float s = scale_g;
+  const float s = __half2float(scale_g);
   if (g + 1 < STEPS)
-    scale_g = col < N ? __half2float(scale[(size_t)(blockIdx.y * STEPS + g + 1) * N + col]) : 0.0f;
+    scale_g = col < N ? scale[(size_t)(blockIdx.y * STEPS + g + 1) * N + col] : __float2half(0.0f);
 #pragma unroll
   for (int q = 0; q < ROWS_PER_LANE; ++q) {
     const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
@@ -213,7 +247,8 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
       float combined = 0.0f;
 #pragma unroll
       for (int i = 0; i < S; ++i)
-        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * BLOCK_N + c]) *
+        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c] -
+                                       WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r]) *
                     INV_DIVISORS[i];
       acc[q] += combined * sh.amax[amax_slot * M + r] * s;
     }
@@ -272,13 +307,14 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
-  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIERS);
+  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
   sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
   sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
-  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE);
-  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * BLOCK_N);
+  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
+  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE; i += blockDim.x) sh.unfold[i] = 0;
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -289,7 +325,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    float scale_g = col < N ? __half2float(scale[(size_t)blockIdx.y * STEPS * N + col]) : 0.0f;
+    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
@@ -335,13 +371,14 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
-  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIERS);
+  sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
   sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
   sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
-  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE);
-  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * BLOCK_N);
+  sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
+  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * MT * 16 * UNFOLD_STRIDE; i += blockDim.x) sh.unfold[i] = 0;
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -352,7 +389,7 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    float scale_g = col < N ? __half2float(scale[(size_t)blockIdx.y * STEPS * N + col]) : 0.0f;
+    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;

@@ -28,7 +28,7 @@ TILE_ATTRS = {"block_buckets": Attr("any", None, choice=True),
               "tile": Attr("dict", None, choice=True)}
 
 
-ROUTERS = ("shuffle", "redux")
+ROUTERS = ("redux", "shuffle")    # the first is the default
 
 
 class TopkSoftmaxOp(Op):
@@ -40,7 +40,7 @@ class TopkSoftmaxOp(Op):
     OPERANDS = ("logits",)
     RESULTS = ("ids", "weights")
     ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True),
-             "router": Attr("str", "shuffle", choice=True),
+             "router": Attr("str", ROUTERS[0], choice=True),
              "align_tokens": Attr("int", 0, choice=True)}
 
     def verify(self):

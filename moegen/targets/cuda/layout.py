@@ -87,16 +87,19 @@ def pack_dense_weights(q: np.ndarray) -> np.ndarray:
 
 def pack_msd_weights(q: np.ndarray) -> np.ndarray:
     """int4 q [K, N] -> uint32 [N/8 (padded), K/64, 32 lanes, 2]: the B fragments of
-    mma.sync m16n8k64 s4: lane l's word j holds k = 64 s + 32 j + 8 (l % 4) + i (nibble i) of
-    column 8 t + l / 4, two's complement nibbles."""
+    mma.sync m16n8k64 u4: lane l's word j holds k = 64 s + 32 j + 8 (l % 4) + i (nibble i) of
+    column 8 t + l / 4, offset-binary nibbles q + 8 (0..15; the kernel subtracts 8 times the
+    activation sums). Padding columns hold q = 0."""
     q = np.asarray(q)
     k, n = q.shape
     if k % 64:
         raise ValueError(f"K = {k} must be a multiple of 64 for the MSD kernel")
+    if q.size and (q.min() < -8 or q.max() > 7):
+        raise ValueError(f"w_q: values {q.min()}..{q.max()} are not int4 (must lie in -8..7)")
     n8 = -(-n // 8)
     if n8 * 8 != n:
         q = np.concatenate([q, np.zeros((k, n8 * 8 - n), q.dtype)], axis=1)
-    u = (q.astype(np.int16) & 0xF).astype(np.uint32)                      # [K, N]
+    u = (q.astype(np.int16) + 8).astype(np.uint32)                         # [K, N], 0..15
     lane = np.arange(32)
     t = u.reshape(k // 64, 2, 4, 8, n8, 8)      # [s, j, k-group of 8 (l % 4), i, tile, column]
     words = np.zeros((n8, k // 64, 32, 2), np.uint32)
@@ -117,5 +120,4 @@ def unpack_msd_weights(words: np.ndarray, n: int) -> np.ndarray:
                 k = np.arange(steps)[:, None] * 64 + 32 * j + 8 * (lane % 4) + i
                 col = np.arange(n8)[None, :] * 8 + lane // 4
                 q[k, col] = ((words[:, :, lane, j] >> np.uint32(4 * i)) & 0xF).T
-    q = np.where(q >= 8, q - 16, q)
-    return q[:, :n].astype(np.int8)
+    return (q[:, :n] - 8).astype(np.int8)

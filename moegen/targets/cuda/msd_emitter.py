@@ -13,6 +13,7 @@ from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derived_schedule
+from ...passes.tile import MSD_MAX_BARRIERS, MSD_MAX_SLOTS, msd_shared_bytes
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec, SpecError
@@ -105,15 +106,12 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         barriers=first,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
-    rows = s.steps * s.m
-    mt = -(-rows // 16)
-    fixed = (8 * first + 2 * tile["w_stages"] * (block_n // 16) * (g // 64) * 32 * 8
-             + 2 * tile["x_stages"] * -(-s.m // 2) * g * 2)
+    assert first <= MSD_MAX_BARRIERS and all(
+        x.slots[b] <= n for x in schedules for b, n in MSD_MAX_SLOTS.items()), \
+        "the tile pass sized shared memory for fewer barriers or slots"
 
     def smem(x: Schedule) -> int:
-        sl = x.slots
-        return fixed + 4 * (sl["a_unfold"] * mt * 16 * (g // 8 + 4) + sl["y_int"] * rows * block_n
-                            + sl["a_max"] * s.m)
+        return msd_shared_bytes(s.m, g, s.steps, tile, x.slots, first)
 
     plan = {
         "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline, "arch": arch,
@@ -130,7 +128,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "workspace": {"partials_floats": tile["split_k"] * s.m * s.n if tile["split_k"] > 1 else 0,
                       "counters": -(-s.n // block_n) if tile["split_k"] > 1 else 0},
         "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (the B fragments of mma.sync "
-                               "m16n8k64 s4; the s8 kernels widen them in registers)"},
+                               "m16n8k64 u4: nibbles q + 8; the s8 kernels widen them to u8 in "
+                               "registers)"},
     }
     return source, plan
 

@@ -331,7 +331,12 @@ class MsdMatmul:
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
         self.kernels = {}
+        most = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
         for k in self.plan["kernels"]:
+            if k["shared_bytes"] > most:
+                raise ValueError(f"{k['name']}: needs {k['shared_bytes']} bytes of shared memory, "
+                                 f"this GPU gives a CTA at most {most} (tile{{block-n=...}} with "
+                                 f"fewer columns needs less)")
             fn = self.module.get_function(k["name"])
             if k["shared_bytes"] > 48 * 1024:
                 fn.max_dynamic_shared_size_bytes = k["shared_bytes"]
