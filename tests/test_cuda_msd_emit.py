@@ -151,3 +151,20 @@ def test_mbarrier_rings_are_deep_enough():
         for f, lead in leads.items():
             # the k-th wait watches barrier k mod depth: no signaller may be depth or more ahead
             assert lead <= depth[f], (mode, sched.flags[f].name, lead, depth[f])
+
+
+def test_columns_per_cta_halve_where_shared_memory_would_overflow():
+    """M = 64 with 3 slices at 64 columns would pass the 227 KB a CTA gets on sm_90: the tile pass
+    halves the columns; asking for 64 by hand is refused with the bytes it would need."""
+    import json
+    from moegen.passes.manager import PipelineError
+    from moegen.passes.tile import MSD_SHARED_LIMIT
+    big = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=64, n=4096, k=4096))
+    plan = json.loads(emit(big, "cuda")[f"{big.name}.launch.json"])
+    assert plan["tile"]["block_n"] == 32
+    assert max(k["shared_bytes"] for k in plan["kernels"]) <= MSD_SHARED_LIMIT
+    small = json.loads(emit(SEED, "cuda")[f"{SEED.name}.launch.json"])
+    assert small["tile"]["block_n"] == 64
+    with pytest.raises(PipelineError, match=r"tile\{block-n=64\}: .* would need \d+ bytes of "
+                                            r"shared memory \(at most 232448\)"):
+        emit(big, "cuda", "tile{block-n=64},schedule,alloc")

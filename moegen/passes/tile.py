@@ -37,14 +37,14 @@ singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tai
 baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
 dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
 MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 64 output
-columns per CTA (block-n=32 halves them; 64 measured best at the seed shape), the matrix warps'
-weight ring 4 groups deep
-(stages=N), the vector warps' activation ring as deep as 4 KB per warp allows (2..4 groups),
-K split over CTAs (whole groups, at least two each) until about 6 CTAs per SM are busy, and the
-integer MMA
-`s8` (the default: mma.sync m16n8k32 on weights and slices widened to int8 in registers) or `s4`
-(mma.sync m16n8k64 s4 directly). Measured on the H200 at the seed shape, s8 is 1.2x faster:
-Hopper's tensor cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
+columns per CTA (64 measured best at the seed shape; halved while the kernel would need more
+than 227 KB of shared memory, as at M = 64 with 3 slices; block-n=N by hand), the matrix warps'
+weight ring 4 groups deep (stages=N), the vector warps' activation ring as deep as 4 KB per warp
+allows (2..4 groups), K split over CTAs (whole groups, at least two each) until about 6 CTAs per
+SM are busy, and the integer MMA `s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary
+weights widened to bytes in registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64
+s4 x u4 directly). Measured on the H200 at the seed shape, s8 is 2.9x faster: Hopper's tensor
+cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
 warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64
 columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM are busy.
