@@ -63,7 +63,7 @@ SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
+MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8", "groups_per_step": 1}
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
@@ -138,9 +138,10 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
-def msd_x_stages(m: int, group: int) -> int:
-    """Activation-ring depth of a vector warp: its rows of one group, up to 4 KB, 2..4 deep."""
-    stage = -(-m // 2) * group * 2
+def msd_x_stages(m: int, group: int, groups_per_step: int = 1) -> int:
+    """Activation-ring depth of a vector warp: its (row, group) pairs of one step, up to 4 KB,
+    2..4 deep."""
+    stage = -(-m * groups_per_step // 2) * group * 2
     return max(2, min(4, MSD_X_RING_BYTES // stage))
 
 
@@ -158,12 +159,13 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     rows = steps * m
     mt = -(-rows // 16)
     bn = tile["block_n"]
+    gps = tile.get("groups_per_step", 1)
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
     return (8 * (barriers + barriers % 2)
-            + 2 * tile["w_stages"] * (bn // 16) * (group // 64) * 32 * 8
-            + 2 * tile["x_stages"] * -(-m // 2) * group * 2
-            + 4 * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
-                   + slots["a_max"] * (m + rows)))
+            + 2 * tile["w_stages"] * (bn // 16) * gps * (group // 64) * 32 * 8
+            + 2 * tile["x_stages"] * -(-m * gps // 2) * group * 2
+            + 4 * gps * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
+                         + slots["a_max"] * (m + rows)))
 
 
 def msd_split_k(groups: int, col_blocks: int) -> int:
@@ -206,6 +208,8 @@ class TilePass(Pass):
                           choices=(32, 64)),
         "block-k": Option(int, None, "MoE: k per copy-ring stage (16 or 32)", choices=(16, 32)),
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
+        "groups-per-step": Option(int, None, "MSD on CUDA: quantization groups per step of the "
+                                             "schedule", choices=(1, 2, 4)),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
@@ -340,11 +344,12 @@ class TilePass(Pass):
             s = spec.msd
             g = spec.quant.group_size
             groups = s.k // g
-            x_stages = msd_x_stages(s.m, g)
+            gps = tile["groups_per_step"]
+            x_stages = msd_x_stages(s.m, g, gps)
 
             def shared(block_n: int) -> int:
                 t = {"block_n": block_n, "w_stages": max(2, tile["stages"]),
-                     "x_stages": x_stages, "mma": tile["mma"]}
+                     "x_stages": x_stages, "mma": tile["mma"], "groups_per_step": gps}
                 return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
 
             if self.option("block-n") is None and "block_n" not in tuned:
@@ -355,11 +360,14 @@ class TilePass(Pass):
                                     f"msd.m = {s.m}, msd.steps = {s.steps} would need "
                                     f"{shared(tile['block_n'])} bytes of shared memory (at most "
                                     f"{MSD_SHARED_LIMIT}): use fewer columns per CTA")
+            if groups % gps:
+                raise PipelineError(f"tile{{groups-per-step={gps}}}: the {groups} groups of K "
+                                    f"do not make whole steps")
             split = self.option("split-k", tuned.get("split_k") or
-                                msd_split_k(groups, -(-s.n // tile["block_n"])))
-            if groups % split:
+                                msd_split_k(groups // gps, -(-s.n // tile["block_n"])))
+            if groups % (split * gps):
                 raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
-                                    f"split evenly")
+                                    f"split evenly into steps of {gps}")
             loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
-                                  "x_stages": x_stages,
-                                  "mma": tile["mma"], "split_k": split}
+                                  "x_stages": x_stages, "mma": tile["mma"],
+                                  "groups_per_step": gps, "split_k": split}
