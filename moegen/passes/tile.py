@@ -44,7 +44,8 @@ allows (2..4 groups), K split over CTAs (whole groups, at least two each) until 
 SM are busy, and the integer MMA `s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary
 weights widened to bytes in registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64
 s4 x u4 directly). Measured on the H200 at the seed shape, s8 is 2.9x faster: Hopper's tensor
-cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
+cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md). groups_per_step:
+quantization groups per step of the schedule (1; groups-per-step=2 or 4 measured slower).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
 warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64
 columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM are busy.
