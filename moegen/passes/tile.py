@@ -261,8 +261,8 @@ class TilePass(Pass):
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
-        by default (measured: 4 tokens per warp lose with the shuffle router), at most what its
-        shared-memory slots hold."""
+        by default (measured: 4 tokens per warp lose at T = 64 with either router), at most
+        what its shared-memory slots hold."""
         most = min(ROUTE_ALIGN_MAX_TOKENS, ROUTE_ALIGN_SLOTS // top_k)
         n = self.option("route-align-tokens")
         if n is None:
