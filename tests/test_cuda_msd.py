@@ -75,33 +75,6 @@ def test_tile_variants(rng, pipeline):
     check_msd(rng, spec_for(16, 4096, 4096, 2), pipeline)
 
 
-GPS_CASES = [(1, 3, 2, 128, "s8"), (5, 2, 2, 128, "s8"), (16, 3, 4, 128, "s8"), (2, 3, 4, 64, "s4"),
-             (3, 1, 2, 64, "s8")]
-
-
-@pytest.mark.parametrize("m,steps,gps,group,mma", GPS_CASES,
-                         ids=[f"m{c[0]}-s{c[1]}-gps{c[2]}-g{c[3]}-{c[4]}" for c in GPS_CASES])
-def test_groups_per_step_agree_bitwise(rng, m, steps, gps, group, mma):
-    """tile{groups-per-step=N}: N quantization groups per schedule step (their (row, group)
-    pairs spread over both vector warps): against the reference, and bit for bit the one-group
-    kernel's output, both schedules."""
-    spec = spec_for(m, 4096, 4096, steps, group=group)
-    # the same split of K, so that the partial sums meet in the same order
-    op = moegen.cuda.MsdMatmul(spec, pipeline=f"tile{{mma={mma},groups-per-step={gps},split-k=2}},"
-                                              "schedule,alloc")
-    one = moegen.cuda.MsdMatmul(spec, pipeline=f"tile{{mma={mma},split-k=2}},schedule,alloc")
-    assert op.plan["tile"]["groups_per_step"] == gps and one.plan["tile"]["groups_per_step"] == 1
-    for seed_style in (True, False):
-        x, w, s = draws(rng, m, 4096, 4096, group, seed_style)
-        want = R.msd_matmul(x, w, s, group, steps, accumulate=np.float64)
-        base = run(one, x, one.pack(w), s, "preload").view(np.uint16)
-        packed = op.pack(w)
-        for mode in ("basic", "preload"):
-            y = run(op, x, packed, s, mode)
-            assert rel(y, want) <= 2e-3, mode
-            assert np.array_equal(y.view(np.uint16), base), mode
-
-
 def test_group_64(rng):
     check_msd(rng, spec_for(2, 4096, 4096, 3, group=64))
 

@@ -44,8 +44,7 @@ allows (2..4 groups), K split over CTAs (whole groups, at least two each) until 
 SM are busy, and the integer MMA `s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary
 weights widened to bytes in registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64
 s4 x u4 directly). Measured on the H200 at the seed shape, s8 is 2.9x faster: Hopper's tensor
-cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md). groups_per_step:
-quantization groups per step of the schedule (1; groups-per-step=2 or 4 measured slower).
+cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
 warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64
 columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM are busy.
@@ -64,7 +63,7 @@ SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8", "groups_per_step": 1}
+MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
@@ -139,10 +138,9 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
-def msd_x_stages(m: int, group: int, groups_per_step: int = 1) -> int:
-    """Activation-ring depth of a vector warp: its (row, group) pairs of one step, up to 4 KB,
-    2..4 deep."""
-    stage = -(-m * groups_per_step // 2) * group * 2
+def msd_x_stages(m: int, group: int) -> int:
+    """Activation-ring depth of a vector warp: its rows of one group, up to 4 KB, 2..4 deep."""
+    stage = -(-m // 2) * group * 2
     return max(2, min(4, MSD_X_RING_BYTES // stage))
 
 
@@ -160,13 +158,12 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     rows = steps * m
     mt = -(-rows // 16)
     bn = tile["block_n"]
-    gps = tile.get("groups_per_step", 1)
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
     return (8 * (barriers + barriers % 2)
-            + 2 * tile["w_stages"] * (bn // 16) * gps * (group // 64) * 32 * 8
-            + 2 * tile["x_stages"] * -(-m * gps // 2) * group * 2
-            + 4 * gps * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
-                         + slots["a_max"] * (m + rows)))
+            + 2 * tile["w_stages"] * (bn // 16) * (group // 64) * 32 * 8
+            + 2 * tile["x_stages"] * -(-m // 2) * group * 2
+            + 4 * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
+                   + slots["a_max"] * (m + rows)))
 
 
 def msd_split_k(groups: int, col_blocks: int) -> int:
@@ -209,8 +206,6 @@ class TilePass(Pass):
                           choices=(32, 64)),
         "block-k": Option(int, None, "MoE: k per copy-ring stage (16 or 32)", choices=(16, 32)),
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
-        "groups-per-step": Option(int, None, "MSD on CUDA: quantization groups per step of the "
-                                             "schedule", choices=(1, 2, 4)),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
@@ -345,12 +340,11 @@ class TilePass(Pass):
             s = spec.msd
             g = spec.quant.group_size
             groups = s.k // g
-            gps = tile["groups_per_step"]
-            x_stages = msd_x_stages(s.m, g, gps)
+            x_stages = msd_x_stages(s.m, g)
 
             def shared(block_n: int) -> int:
                 t = {"block_n": block_n, "w_stages": max(2, tile["stages"]),
-                     "x_stages": x_stages, "mma": tile["mma"], "groups_per_step": gps}
+                     "x_stages": x_stages, "mma": tile["mma"]}
                 return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
 
             if self.option("block-n") is None and "block_n" not in tuned:
@@ -361,14 +355,10 @@ class TilePass(Pass):
                                     f"msd.m = {s.m}, msd.steps = {s.steps} would need "
                                     f"{shared(tile['block_n'])} bytes of shared memory (at most "
                                     f"{MSD_SHARED_LIMIT}): use fewer columns per CTA")
-            if groups % gps:
-                raise PipelineError(f"tile{{groups-per-step={gps}}}: the {groups} groups of K "
-                                    f"do not make whole steps")
             split = self.option("split-k", tuned.get("split_k") or
-                                msd_split_k(groups // gps, -(-s.n // tile["block_n"])))
-            if groups % (split * gps):
+                                msd_split_k(groups, -(-s.n // tile["block_n"])))
+            if groups % split:
                 raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
-                                    f"split evenly into steps of {gps}")
+                                    f"split evenly")
             loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
-                                  "x_stages": x_stages, "mma": tile["mma"],
-                                  "groups_per_step": gps, "split_k": split}
+                                  "x_stages": x_stages, "mma": tile["mma"], "split_k": split}

@@ -182,18 +182,27 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The threads of a CTA that call last_to_arrive meet: all of them (THREADS = 0), or the first
+// THREADS, on named barrier 1, while the other warps are elsewhere.
+template <int THREADS>
+__device__ __forceinline__ void arrival_sync() {
+  if constexpr (THREADS == 0) __syncthreads();
+  else asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+}
+
 // Every CTA of a group calls this once its global writes are done: true in the last one to
 // arrive, which then sees all of them; the counter is reset for the next call. `flag`: a
-// __shared__ int of the CTA.
+// __shared__ int of the CTA. THREADS: as arrival_sync (thread 0 among them).
+template <int THREADS = 0>
 __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& flag) {
   __threadfence();                         // this CTA's writes are visible before it counts
-  __syncthreads();
+  arrival_sync<THREADS>();
   if (threadIdx.x == 0) {
     const int done = atomicAdd(counter, 1);
     flag = done == arrivals - 1;
     if (flag) *counter = 0;                // ready for the next call
   }
-  __syncthreads();
+  arrival_sync<THREADS>();
   if (!flag) return false;
   __threadfence();
   return true;

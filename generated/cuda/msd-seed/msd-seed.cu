@@ -4,8 +4,8 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 64 output columns and 16 of the 64 groups of K, 1 group per step of the
-// schedule; the 4 CTAs along K add their partial sums in a fixed order. Four warps in the roles of the schedule pass: warps 0
+// One CTA per 64 output columns and 16 of the 64 groups of K; the 4 CTAs along K add
+// their partial sums in a fixed order. Four warps in the roles of the schedule pass: warps 0
 // and 1 are the two vector units (unfold A: A_max and the int4 slices of each row; merge:
 // int32 Y -> fp32 accumulators), warps 2 and 3 the matrix unit
 // (mma.sync m16n8k32 s8 x u8, the weights widened in registers -> s32).
@@ -16,19 +16,17 @@
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
 // rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
-// stream the weights through a cp.async ring 4 steps deep, the vector warps their
-// activation rows through one 4 steps deep, and each lane loads the scales of its merge
-// column one step ahead. Each CTA unfolds the (tiny) activations itself, so the schedule's
+// stream the weights through a cp.async ring 4 groups deep, the vector warps their
+// activation rows through one 4 groups deep, and each lane loads the scale of its merge
+// column one group ahead. Each CTA unfolds the (tiny) activations itself, so the schedule's
 // all-core flags stay inside the CTA.
 #include "moegen_w4a16.cuh"
 
 namespace msd {
 constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
-constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS * GPS consecutive groups
-constexpr int GPS = 1;                    // groups per step of the schedule
-constexpr int STEPS = GROUPS / SPLIT / GPS;
-static_assert(GROUPS % (SPLIT * GPS) == 0, "whole steps per CTA");
+constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS consecutive groups
+constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 64;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
@@ -38,22 +36,19 @@ constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 // weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One 16-byte load
 // per lane and MMA.
 constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
-constexpr int UNFOLD_GROUP_WORDS = MT * KBLOCKS * 32 * 4;
-constexpr int UNFOLD_SLOT_WORDS = GPS * UNFOLD_GROUP_WORDS;
+constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
 constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte stores of 4 rows meet no bank twice
 constexpr int WEIGHT_BIAS = 8;                  // packed nibble = q + WEIGHT_BIAS
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
-constexpr int KS = GPS * KSTEPS;                // k64 MMA steps per step
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
 constexpr int WARP_N8 = BLOCK_N / 16;           // n8 tiles per matrix warp
 constexpr int VEC_THREADS = 64, CUBE_THREADS = 64;
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
 static_assert(PER == 2 || PER == 4 || PER == 8, "a lane's activations lie within one 32-bit word of int4");
-// unfold's work of a step: M x GPS (row, group) pairs, pair p = q * M + r to vector unit p % 2
-constexpr int UNIT_PAIRS = (M * GPS + 1) / 2;   // pairs of vector unit 0 (unit 1 has one fewer or as many)
+constexpr int VEC_ROWS = (M + 1) / 2;           // rows of vector unit 0 (unit 1 has M / 2)
 constexpr int W_STAGES = 4, X_STAGES = 4;
-constexpr int W_STAGE_WORDS = WARP_N8 * KS * 32 * 2;       // one step's weights for one warp
-constexpr int X_STAGE_HALVES = UNIT_PAIRS * G;             // one step's activations for one vector unit
+constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
+constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector unit
 constexpr int COLS_PER_UNIT = BLOCK_N / 2;      // merge: columns of one vector unit
 constexpr int ROW_STRIDE = 32 / COLS_PER_UNIT;  // merge: rows a warp covers at once
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
@@ -82,9 +77,9 @@ static_assert(2 * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 && 2 * X_STAGES * X_STA
 struct Shared {
   unsigned long long* bars;   // [BARRIERS]: each flag's ring of mbarriers
   unsigned* unfold;           // [slots][UNFOLD_SLOT_WORDS]
-  int* y;                     // [slots][GPS][ROWS][Y_STRIDE]
-  float* amax;                // [slots][GPS][M]
-  int* rowsum;                // [slots][GPS][ROWS]: per unfolded row, the sum of its int4 slice
+  int* y;                     // [slots][ROWS][Y_STRIDE]
+  float* amax;                // [slots][M]
+  int* rowsum;                // [slots][ROWS]: per unfolded row, the sum of its int4 slice
   uint2* wring;               // [2 matrix warps][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [2 vector units][X_STAGES][X_STAGE_HALVES]
 };
@@ -101,39 +96,35 @@ __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
 
 // --- global loads, ahead of the stages -----------------------------------------------------------
 
-// (stages and loads count steps from this CTA's first, blockIdx.y * STEPS; step g holds groups
-// (blockIdx.y * STEPS + g) * GPS + q, q < GPS)
+// (stages and loads count groups from this CTA's first, blockIdx.y * STEPS)
 
-// vector unit: the activations of its (row, group) pairs of step g into x stage g % X_STAGES
-// (this lane's PER values of each, which only this lane reads back)
+// vector unit: its rows' activations of group g into x stage g % X_STAGES (this lane's PER values
+// of each row, which only this lane reads back)
 __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x, int unit, int g) {
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
   if (g < STEPS) {
-    const int group0 = (blockIdx.y * STEPS + g) * GPS;
-    for (int p = unit, j = 0; p < M * GPS; p += 2, ++j) {
-      const int r = p % M, q = p / M;
-      moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER,
-                                   x + (size_t)r * K + (size_t)(group0 + q) * G + lane * PER);
-    }
+    const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
+    for (int r = unit, j = 0; r < M; r += 2, ++j)
+      moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
   }
   moegen::cp_async_commit();
 }
 
-// matrix warp cw: its n8 tiles' weights of step g into w stage g % W_STAGES (only this lane
+// matrix warp cw: its n8 tiles' weights of group g into w stage g % W_STAGES (only this lane
 // reads back what it copied); tiles past N read as zero
 __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
   const int lane = threadIdx.x & 31;
   uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
   if (g < STEPS) {
-    const int kstep0 = (blockIdx.y * STEPS + g) * KS;
+    const int kstep0 = (blockIdx.y * STEPS + g) * KSTEPS;
 #pragma unroll
     for (int j = 0; j < WARP_N8; ++j) {
       const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
 #pragma unroll
-      for (int h = 0; h < KS; ++h) {
+      for (int h = 0; h < KSTEPS; ++h) {
         const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0 + h) * 32 + lane;
-        moegen::cp_async_ca_zfill<8>(stage + (j * KS + h) * 32 + lane, src, n8 < N8 ? 8u : 0u);
+        moegen::cp_async_ca_zfill<8>(stage + (j * KSTEPS + h) * 32 + lane, src, n8 < N8 ? 8u : 0u);
       }
     }
   }
@@ -142,16 +133,13 @@ __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict
 
 // --- stages -----------------------------------------------------------------------------------
 
-// A_max and S int4 slices of this vector unit's (row, group) pairs of step g
+// A_max and S int4 slices of this vector unit's rows (rows unit, unit + 2, ...) for group g
 __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict__ x, int unit,
                                        int g, int amax_slot, int unfold_slot) {
   const int lane = threadIdx.x & 31;
-  moegen::cp_async_wait<X_STAGES - 2>();        // step g's activations have landed
+  moegen::cp_async_wait<X_STAGES - 2>();        // group g's rows have landed
   const half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
-#pragma unroll 2
-  for (int p = unit, j = 0; p < M * GPS; p += 2, ++j) {
-    const int r = p % M, q = p / M;
-    unsigned* group_a = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS + q * UNFOLD_GROUP_WORDS;
+  for (int r = unit, j = 0; r < M; r += 2, ++j) {
     float a[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) a[i] = __half2float(stage[j * G + lane * PER + i]);
@@ -175,108 +163,94 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
       for (int i = 0; i < PER; ++i) {
         const float v = rintf(t[i]);            // round half to even, as numpy
         t[i] -= v;
-        const int level = static_cast<int>(v);
-        sum += level;
-        (i % 2 ? odd : even) |= (static_cast<unsigned>(level) & 0xFFu) << (8 * (i / 2));
+        const int q = static_cast<int>(v);
+        sum += q;
+        (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
       }
       const int row_sum = __reduce_add_sync(0xffffffffu, sum);
-      if (lane == 0) sh.rowsum[(amax_slot * GPS + q) * ROWS + s * M + r] = row_sum;
+      if (lane == 0) sh.rowsum[amax_slot * ROWS + s * M + r] = row_sum;
       // this lane's k: positions p .. p + PER - 1 of 8-k word `chunk`; the fragment that holds
       // them is the one of lane (row % 8) * 4 + chunk % 4 in k32 block chunk / 4
       const int row = s * M + r, chunk = lane * PER / 8, p = lane * PER % 8;
       unsigned char* frag = reinterpret_cast<unsigned char*>(
-          group_a + (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
+          sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS +
+          (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
       const int upper = row % 16 / 8;           // row r + 8 of the fragment
       moegen::store_low_bytes<PER / 2>(frag + 4 * upper + p / 2, even);
       moegen::store_low_bytes<PER / 2>(frag + 4 * (2 + upper) + p / 2, odd);
     }
-    if (lane == 0) sh.amax[(amax_slot * GPS + q) * M + r] = amax;
+    if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
   load_x(sh, x, unit, g + X_STAGES - 1);       // this lane has read its copies of stage g - 1
 }
 
-// int32 Y[y_slot][q] = unfolded A[unfold_slot][q] x (W + WEIGHT_BIAS)[group q of step g, this
-// CTA's columns], q < GPS
+// int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
   const int cw = (threadIdx.x >> 5) - 2;        // matrix warp 0 or 1: n8 tiles cw * WARP_N8 + j
-  moegen::cp_async_wait<W_STAGES - 2>();        // step g's weights have landed
+  moegen::cp_async_wait<W_STAGES - 2>();        // group g's weights have landed
   const uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
-  uint2 b[WARP_N8][KS];
+  uint2 b[WARP_N8][KSTEPS];
 #pragma unroll
   for (int j = 0; j < WARP_N8; ++j)
 #pragma unroll
-    for (int h = 0; h < KS; ++h) b[j][h] = stage[(j * KS + h) * 32 + lane];
+    for (int h = 0; h < KSTEPS; ++h) b[j][h] = stage[(j * KSTEPS + h) * 32 + lane];
   load_w(sh, w, cw, g + W_STAGES - 1);
+  const unsigned* au = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS;
+  for (int mt = 0; mt < MT; ++mt) {
+    int c[WARP_N8][4] = {};
 #pragma unroll
-  for (int q = 0; q < GPS; ++q) {
-    const unsigned* au = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS + q * UNFOLD_GROUP_WORDS;
-    int* yq = sh.y + (size_t)(y_slot * GPS + q) * ROWS * Y_STRIDE;
-    for (int mt = 0; mt < MT; ++mt) {
-      int c[WARP_N8][4] = {};
+    for (int h = 0; h < KSTEPS; ++h) {
+      // the A fragments of k32 blocks 2h (the weights' word .x) and 2h + 1 (.y)
+      const uint4* frags = reinterpret_cast<const uint4*>(au) + (mt * KBLOCKS + 2 * h) * 32 + lane;
+      const uint4 f0 = frags[0], f1 = frags[32];
+      const unsigned lo[4] = {f0.x, f0.y, f0.z, f0.w}, hi[4] = {f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
-      for (int h = 0; h < KSTEPS; ++h) {
-        const uint2* bh = &b[0][q * KSTEPS + h];   // b[j][q * KSTEPS + h] = bh[j * KS]
-        // the A fragments of k32 blocks 2h (the weights' word .x) and 2h + 1 (.y)
-        const uint4* frags = reinterpret_cast<const uint4*>(au) + (mt * KBLOCKS + 2 * h) * 32 + lane;
-        const uint4 f0 = frags[0], f1 = frags[32];
-        const unsigned lo[4] = {f0.x, f0.y, f0.z, f0.w}, hi[4] = {f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-        for (int j = 0; j < WARP_N8; ++j) {
-          unsigned e0, o0, e1, o1;
-          moegen::widen_u4(bh[j * KS].x, e0, o0);
-          moegen::widen_u4(bh[j * KS].y, e1, o1);
-          moegen::mma_s8u8_16832(c[j], lo, e0, o0);
-          moegen::mma_s8u8_16832(c[j], hi, e1, o1);
-        }
+      for (int j = 0; j < WARP_N8; ++j) {
+        unsigned e0, o0, e1, o1;
+        moegen::widen_u4(b[j][h].x, e0, o0);
+        moegen::widen_u4(b[j][h].y, e1, o1);
+        moegen::mma_s8u8_16832(c[j], lo, e0, o0);
+        moegen::mma_s8u8_16832(c[j], hi, e1, o1);
       }
-#pragma unroll
-      for (int j = 0; j < WARP_N8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8 of the tile
-          const int row = mt * 16 + lane / 4 + 8 * half;
-          const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
-          if (row < ROWS)
-            *reinterpret_cast<int2*>(&yq[row * Y_STRIDE + col]) =
-                make_int2(c[j][2 * half], c[j][2 * half + 1]);
-        }
     }
+#pragma unroll
+    for (int j = 0; j < WARP_N8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {    // rows lane / 4 and lane / 4 + 8 of the tile
+        const int row = mt * 16 + lane / 4 + 8 * half;
+        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
+        if (row < ROWS)
+          *reinterpret_cast<int2*>(&sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col]) =
+              make_int2(c[j][2 * half], c[j][2 * half + 1]);
+      }
   }
 }
 
 // acc += (sum_i (Y_i - WEIGHT_BIAS * rowsum_i) / d_i) * A_max * scale for this vector unit's half
-// of the columns, group by group of step g; `scale_g` holds this lane's scales of step g and is
-// refilled with step g + 1's (kept as fp16 until used, so the loads' latency hides behind a step)
+// of the columns; `scale_g` holds this lane's scale of group g and is refilled with group g + 1's
+// (kept as fp16 until it is used, so that the load's latency hides behind a whole step)
 __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__ scale, int unit,
-                                      int g, int amax_slot, int y_slot, half (&scale_g)[GPS],
+                                      int g, int amax_slot, int y_slot, half& scale_g,
                                       float (&acc)[ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
   const int c = unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
   const int col = blockIdx.x * BLOCK_N + c;
-  float s[GPS];
+  const float s = __half2float(scale_g);
+  if (g + 1 < STEPS)
+    scale_g = col < N ? scale[(size_t)(blockIdx.y * STEPS + g + 1) * N + col] : __float2half(0.0f);
 #pragma unroll
-  for (int q = 0; q < GPS; ++q) {
-    s[q] = __half2float(scale_g[q]);
-    if (g + 1 < STEPS)
-      scale_g[q] = col < N ? scale[(size_t)((blockIdx.y * STEPS + g + 1) * GPS + q) * N + col]
-                           : __float2half(0.0f);
-  }
+  for (int q = 0; q < ROWS_PER_LANE; ++q) {
+    const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
+    if (r < M) {
+      float combined = 0.0f;
 #pragma unroll
-  for (int q = 0; q < GPS; ++q) {
-    const int* yq = sh.y + (size_t)(y_slot * GPS + q) * ROWS * Y_STRIDE;
-    const int* sums = sh.rowsum + (amax_slot * GPS + q) * ROWS;
-#pragma unroll
-    for (int e = 0; e < ROWS_PER_LANE; ++e) {
-      const int r = lane / COLS_PER_UNIT + e * ROW_STRIDE;
-      if (r < M) {
-        float combined = 0.0f;
-#pragma unroll
-        for (int i = 0; i < S; ++i)
-          combined += static_cast<float>(yq[(i * M + r) * Y_STRIDE + c] - WEIGHT_BIAS * sums[i * M + r]) *
-                      INV_DIVISORS[i];
-        acc[e] += combined * sh.amax[(amax_slot * GPS + q) * M + r] * s[q];
-      }
+      for (int i = 0; i < S; ++i)
+        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c] -
+                                       WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r]) *
+                    INV_DIVISORS[i];
+      acc[q] += combined * sh.amax[amax_slot * M + r] * s;
     }
   }
 }
@@ -300,15 +274,8 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
       const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
       if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[q];
     }
-    __threadfence();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(VEC_THREADS) : "memory");   // the vector warps only
-    if (threadIdx.x == 0) {
-      last = atomicAdd(&counters[blockIdx.x], 1) == SPLIT - 1;
-      if (last) counters[blockIdx.x] = 0;      // ready for the next call
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(VEC_THREADS) : "memory");
-    if (!last) return;
-    __threadfence();
+    // the vector warps only: the matrix warps are done
+    if (!moegen::last_to_arrive<VEC_THREADS>(&counters[blockIdx.x], SPLIT, last)) return;
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) {
       const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
@@ -337,8 +304,8 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
   sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
-  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * GPS * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * GPS * M);
+  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
@@ -351,10 +318,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    half scale_g[GPS];
-#pragma unroll
-    for (int q = 0; q < GPS; ++q)
-      scale_g[q] = col < N ? scale[(size_t)(blockIdx.y * STEPS * GPS + q) * N + col] : __float2half(0.0f);
+    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
@@ -404,8 +368,8 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
   sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
-  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * GPS * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * GPS * M);
+  sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
@@ -418,10 +382,7 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     const int unit = warp;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    half scale_g[GPS];
-#pragma unroll
-    for (int q = 0; q < GPS; ++q)
-      scale_g[q] = col < N ? scale[(size_t)(blockIdx.y * STEPS * GPS + q) * N + col] : __float2half(0.0f);
+    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
     float acc[ROWS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;

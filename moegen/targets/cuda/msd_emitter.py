@@ -100,7 +100,7 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
     source = render(
         "cuda/msd_matmul.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n, K=s.k, G=g,
         S=s.steps, BLOCK_N=block_n, W_STAGES=tile["w_stages"], X_STAGES=tile["x_stages"],
-        MMA=tile["mma"], GPS=tile.get("groups_per_step", 1), factors=factors,
+        MMA=tile["mma"], factors=factors,
         inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
         SPLIT=tile["split_k"], flags=flags,
         barriers=first,
