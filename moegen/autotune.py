@@ -126,7 +126,7 @@ class TuningDB:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
         split of the down GEMM, block_k, warps], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
-        "split_k", "schedule"} or {"split_k"} for dequant)."""
+        "vec_warps", "cube_warps", "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
         if not e or not e.get("results"):
             return None
@@ -269,33 +269,41 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
 @dataclass(frozen=True)
 class MsdConfig:
     """One point of the MSD sweep: the lowering and its tile (for msd also the MMA, columns per
-    CTA; both schedules of a compiled module are timed)."""
+    CTA and the warps of each unit; both schedules of a compiled module are timed)."""
     lowering: str
     split_k: int
     mma: str = "s8"
-    block_n: int = 32
+    block_n: int = 128
+    vec_warps: int = 2
+    cube_warps: int = 2
 
     def pipeline(self) -> str:
-        opts = f"split-k={self.split_k}" + (f",mma={self.mma},block-n={self.block_n}"
-                                             if self.lowering == "msd" else "")
+        opts = f"split-k={self.split_k}" + (
+            f",mma={self.mma},block-n={self.block_n},vec-warps={self.vec_warps},"
+            f"cube-warps={self.cube_warps}" if self.lowering == "msd" else "")
         return f"tile{{{opts}}},schedule,alloc"
 
     def as_dict(self, schedule: str | None = None) -> dict:
         if self.lowering == "dequant":
             return {"lowering": "dequant", "split_k": self.split_k}
         return {"lowering": "msd", "schedule": schedule, "mma": self.mma,
-                "block_n": self.block_n, "split_k": self.split_k}
+                "block_n": self.block_n, "vec_warps": self.vec_warps,
+                "cube_warps": self.cube_warps, "split_k": self.split_k}
 
 
 def msd_config_space(spec: Spec) -> list[MsdConfig]:
-    """msd: MMA s8/s4 x 32/64 columns x split-K over whole groups (2+ per CTA); dequant: split-K
-    over k16 steps of its warps, where its shape rule allows the lowering at all."""
-    from .passes.tile import fit_warps, splits_evenly
+    """msd: s8 MMA on 64, 128 or 256 columns (8 n8 tiles a matrix warp) x 2, 4 or 8 vector
+    warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA);
+    dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering."""
+    from .passes.tile import fit_warps, msd_warp_layout, splits_evenly
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
-    out = [MsdConfig("msd", sp, mma, bn) for mma in ("s8", "s4") for bn in (32, 64)
-           for sp in splits]
+    layout = msd_warp_layout(s.m)
+    out = [MsdConfig("msd", sp, "s8", bn, vec, bn // 64) for bn in (64, 128, 256)
+           for vec in (2, 4, 8) for sp in splits]
+    out += [MsdConfig("msd", sp, "s4", layout["block_n"], layout["vec_warps"],
+                      layout["cube_warps"]) for sp in splits]
     if s.n % 8 == 0:
         w = fit_warps(s.k, 4)
         out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if splits_evenly(s.k, sp, w)]
@@ -309,7 +317,8 @@ def msd_default_config(spec: Spec) -> dict:
     tile = next(op for op in module.function().ops if op.NAME == "msd.group_loop").attrs["tile"]
     if spec.lowering == "dequant":
         return MsdConfig("dequant", tile["split_k"]).as_dict()
-    return MsdConfig("msd", tile["split_k"], tile["mma"], tile["block_n"]).as_dict(spec.schedule)
+    return MsdConfig("msd", tile["split_k"], tile["mma"], tile["block_n"], tile["vec_warps"],
+                     tile["cube_warps"]).as_dict(spec.schedule)
 
 
 def default_config(spec: Spec, tokens: int) -> MoeConfig:

@@ -239,13 +239,15 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
     results = [{"tokens": 1, "config": {"lowering": "dequant", "split_k": 8}, "time_us": 30.0,
                 "default_us": 60.0, "checked": True},
                {"tokens": 1, "config": {"lowering": "msd", "schedule": "basic", "mma": "s4",
-                                        "block_n": 64, "split_k": 2},
+                                        "block_n": 64, "vec_warps": 4, "cube_warps": 1,
+                                        "split_k": 2},
                 "time_us": 50.0, "default_us": 60.0, "checked": True}]
     path = tmp_path / "t.json"
     at.TuningDB(path).record(MSD, H200, results)
     tuning = at.Tuning(at.TuningDB(path), H200)
     text = str(lower(MSD, "cuda", tuning=tuning)[0])
-    assert 'tile = {block_n = 64, w_stages = 4, x_stages = 4, mma = "s4", split_k = 2}' in text
+    assert ('tile = {block_n = 64, w_stages = 4, x_stages = 4, mma = "s4", vec_warps = 4, '
+            'cube_warps = 1, split_k = 2}') in text
     import dataclasses
     dq = dataclasses.replace(MSD, lowering="dequant")
     assert "split_k = 8}" in str(lower(dq, "cuda", tuning=tuning)[0])

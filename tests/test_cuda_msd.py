@@ -69,10 +69,22 @@ def test_against_reference_and_basic_equals_preload(rng, m, n, k, steps):
 
 @pytest.mark.parametrize("pipeline", ["tile{mma=s4},schedule,alloc", "tile{block-n=64},schedule,alloc",
                                       "tile{split-k=1},schedule,alloc",
-                                      "tile{stages=2},schedule,alloc"])
+                                      "tile{stages=2},schedule,alloc",
+                                      # warp layouts: one vector warp; 16 warps of one n8 tile
+                                      # each; 256 columns over 8 matrix warps, 4 merge columns a lane
+                                      "tile{vec-warps=1,cube-warps=4},schedule,alloc",
+                                      "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc",
+                                      "tile{block-n=256,vec-warps=2,cube-warps=8,split-k=4},schedule,alloc",
+                                      "tile{block-n=128,vec-warps=4,cube-warps=4},schedule,alloc"])
 def test_tile_variants(rng, pipeline):
     check_msd(rng, spec_for(5, 1000, 1024, 3), pipeline)
     check_msd(rng, spec_for(16, 4096, 4096, 2), pipeline)
+
+
+def test_odd_n(rng):
+    """Odd N: the scale rows are 2-byte aligned, copied with plain loads; tail columns."""
+    check_msd(rng, spec_for(3, 1001, 1024, 3))
+    check_msd(rng, spec_for(1, 1001, 1024, 2), "tile{block-n=256,cube-warps=8},schedule,alloc")
 
 
 def test_group_64(rng):

@@ -103,6 +103,10 @@ MSD_VARIANTS = [  # (spec msd, group, lowering, pipeline): what generated/cuda/m
     ({"m": 64, "n": 1000, "k": 1024, "steps": 3}, 128, "msd", None),
     ({"m": 5, "n": 4096, "k": 4096, "steps": 2}, 64, "msd", None),
     ({"m": 16, "n": 11008, "k": 4096, "steps": 1}, 128, "msd", "tile{mma=s4,block-n=32},schedule,alloc"),
+    # warp layouts: 16 warps of one n8 tile each; one vector warp; an odd N (scales copied plainly)
+    ({"m": 5, "n": 4096, "k": 4096, "steps": 3}, 128, "msd",
+     "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc"),
+    ({"m": 3, "n": 1001, "k": 1024, "steps": 2}, 64, "msd", "tile{vec-warps=1},schedule,alloc"),
     ({"m": 1, "n": 12288, "k": 8192, "steps": 3}, 128, "dequant", None),
     ({"m": 64, "n": 1000, "k": 1024, "steps": 3}, 128, "dequant", None),
 ]
@@ -111,7 +115,7 @@ MSD_VARIANTS = [  # (spec msd, group, lowering, pipeline): what generated/cuda/m
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("msd,group,lowering,pipeline", MSD_VARIANTS,
-                         ids=[f"{v[2]}-m{v[0]['m']}-g{v[1]}{'-' + v[3][5:13] if v[3] else ''}"
+                         ids=[f"{v[2]}-m{v[0]['m']}-g{v[1]}{'-' + v[3][5:v[3].index('}')] if v[3] else ''}"
                               for v in MSD_VARIANTS])
 def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeline):
     spec = moegen.load_spec({"name": "v", "pipeline": "msd_matmul", "msd": msd,

@@ -1,3 +1,4 @@
+import dataclasses
 import re
 
 import networkx as nx
@@ -8,7 +9,7 @@ from moegen.ir import parse
 from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
-from moegen.passes.tile import ascend_msd_tiling
+from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling
 from conftest import EXAMPLES, ROOT
 
 MOE = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
@@ -191,6 +192,41 @@ def test_tile_options_override_defaults():
             "stages = [3, 3, 3], split_k = [4, 4, 1]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
+
+
+def msd_tile(m: int, pipeline: str | None = None) -> dict:
+    spec = dataclasses.replace(MSD, msd=dataclasses.replace(MSD.msd, m=m))
+    module = lower(spec, "cuda", pipeline, tuning=None)[0]
+    return next(op for op in module.function().ops if op.NAME == "msd.group_loop").attrs["tile"]
+
+
+def test_msd_warp_layout_follows_the_rows():
+    """A vector warp for every row or two (up to 8), 8 n8 tiles per matrix warp, about three
+    CTAs per SM along K; the CTA's threads are what the launch plan says."""
+    for m, want in ((1, (128, 2, 2, 4)), (4, (128, 4, 2, 4)), (16, (256, 8, 4, 8))):
+        t = msd_tile(m)
+        assert (t["block_n"], t["vec_warps"], t["cube_warps"], t["split_k"]) == want
+        assert 12288 // t["block_n"] * t["split_k"] <= MSD_CTAS_PER_SM * 132
+    t = msd_tile(16, "tile{block-n=64,vec-warps=1,cube-warps=8},schedule,alloc")
+    assert (t["block_n"], t["vec_warps"], t["cube_warps"]) == (64, 1, 8)
+
+
+@pytest.mark.parametrize("pipeline,message", [
+    ("tile{block-n=32,cube-warps=8},schedule,alloc",
+     "tile{cube-warps=8}: 32 columns per CTA (block-n) give each matrix warp less than one n8 "
+     "tile: at most 4 matrix warps"),
+    ("tile{vec-warps=3},schedule,alloc", "tile{vec-warps=3}: must be one of 1, 2, 4, 8"),
+])
+def test_msd_warp_options_fail_clearly(pipeline, message):
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        msd_tile(1, pipeline)
+
+
+def test_msd_warp_options_are_refused_on_moe():
+    for opt in ("vec-warps=2", "cube-warps=2"):
+        with pytest.raises(PipelineError, match=re.escape(f"tile{{{opt.split('=')[0]}=...}}: an "
+                                                          "MSD option; this is an MoE spec")):
+            lower(MOE, "cuda", f"fuse-align,fuse-swiglu,tile{{{opt}}},alloc")
 
 
 def test_split_k_divides_k_and_fills_the_gpu():

@@ -36,15 +36,19 @@ singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
 singleCoreN = N over the AIC cores rounded up to 64 (the last core takes the tail),
 baseN = min(singleCoreN, 512), depthA1 = depthB1 = 2, stepM = stepN = stepKa = stepKb = 1,
 dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as the sample.
-MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, split_k}``: 64 output
-columns per CTA (64 measured best at the seed shape; halved while the kernel would need more
-than 227 KB of shared memory, as at M = 64 with 3 slices; block-n=N by hand), the matrix warps'
-weight ring 4 groups deep (stages=N), the vector warps' activation ring as deep as 4 KB per warp
-allows (2..4 groups), K split over CTAs (whole groups, at least two each) until about 6 CTAs per
-SM are busy, and the integer MMA `s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary
-weights widened to bytes in registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64
-s4 x u4 directly). Measured on the H200 at the seed shape, s8 is 2.9x faster: Hopper's tensor
-cores have no int4 mode and run the s4 instruction emulated (docs/PERF.md).
+MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, vec_warps,
+cube_warps, split_k}``: the warp layout by M (measured at the seed shape, M = 1, 4, 16): 2 vector
+warps for M <= 2, 4 for M <= 4, else 8 (each unfolds rows r = its index mod vec_warps and merges
+its share of the columns); 128 output columns per CTA over 2 matrix warps up to M = 4, else 256
+over 4 (8 n8 tiles a matrix warp); columns and matrix warps halved while the kernel would need
+more than 227 KB of shared memory (M = 64 with 3 slices: 32 columns, 1 matrix warp);
+block-n/vec-warps/cube-warps=N by hand. The matrix warps' weight ring 4 groups deep (stages=N),
+the vector warps' activation ring as deep as 4 KB per warp allows (2..4 groups), K split over
+CTAs (whole groups, at least two each) until about 3 CTAs per SM are busy, and the integer MMA
+`s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary weights widened to bytes in
+registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64 s4 x u4 directly). Measured
+on the H200 at the seed shape, s8 is 3-4x faster: Hopper's tensor cores have no int4 mode and
+run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
 warps, stages, split_k}``: rows per CTA 8 for M <= 8, else min(32, M rounded up to 16), 64
 columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM are busy.
@@ -63,11 +67,13 @@ SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"block_n": 64, "stages": 4, "mma": "s8"}
+MSD_CUDA_TILE = {"stages": 4, "mma": "s8"}   # and msd_warp_layout(m)
+MSD_WARPS = (1, 2, 4, 8)    # choices of vector and of matrix warps per MSD CTA
+MSD_BLOCK_N = (16, 32, 64, 128, 256)
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
-MSD_CTAS_PER_SM = 6         # MSD split-K target (the sweep's best at the seed shape: 64 columns x 4)
+MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
 MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 
@@ -138,9 +144,9 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
 
 
-def msd_x_stages(m: int, group: int) -> int:
+def msd_x_stages(m: int, group: int, vec_warps: int) -> int:
     """Activation-ring depth of a vector warp: its rows of one group, up to 4 KB, 2..4 deep."""
-    stage = -(-m // 2) * group * 2
+    stage = -(-m // vec_warps) * group * 2
     return max(2, min(4, MSD_X_RING_BYTES // stage))
 
 
@@ -152,7 +158,7 @@ MSD_MAX_BARRIERS = 16            # mbarriers of the flag rings, at most, in thes
 def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
                      barriers: int) -> int:
     """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): mbarriers
-    (padded to 16 bytes), the weight and activation rings, and per slot the unfolded A (int8
+    (padded to 16 bytes), the weight, activation and scale rings, and per slot the unfolded A (int8
     fragments for the s8 MMA, padded int4 rows for s4), int32 Y (rows padded by 8 words),
     A_max and the slice sums."""
     rows = steps * m
@@ -160,10 +166,20 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     bn = tile["block_n"]
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
     return (8 * (barriers + barriers % 2)
-            + 2 * tile["w_stages"] * (bn // 16) * (group // 64) * 32 * 8
-            + 2 * tile["x_stages"] * -(-m // 2) * group * 2
+            + tile["w_stages"] * (bn // 8) * (group // 64) * 32 * 8
+            + tile["vec_warps"] * tile["x_stages"] * -(-m // tile["vec_warps"]) * group * 2
+            + (tile["x_stages"] + 1) * bn * 2
             + 4 * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
                    + slots["a_max"] * (m + rows)))
+
+
+def msd_warp_layout(m: int) -> dict:
+    """Columns per CTA and warps of the vector and matrix units by rows of A (measured at the
+    seed shape, M = 1, 4, 16): a vector warp for every row or two, up to 8; 128 columns over 2
+    matrix warps up to M = 4, then 256 over 4 (8 n8 tiles a matrix warp)."""
+    vec = 2 if m <= 2 else 4 if m <= 4 else 8
+    block_n = 128 if m <= 4 else 256
+    return {"block_n": block_n, "vec_warps": vec, "cube_warps": block_n // 64}
 
 
 def msd_split_k(groups: int, col_blocks: int) -> int:
@@ -202,10 +218,13 @@ class TilePass(Pass):
     OPTIONS = {
         "moe-block": Option(int, None, "one moe block size for every token count",
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
-        "block-n": Option(int, None, "columns per CTA (MoE: the packed tile, 64; MSD: 32 or 64)",
-                          choices=(32, 64)),
+        "block-n": Option(int, None, "columns per CTA (MoE: the packed tile, 64; MSD: 16..256)",
+                          choices=MSD_BLOCK_N),
         "block-k": Option(int, None, "MoE: k per copy-ring stage (16 or 32)", choices=(16, 32)),
         "mma": Option(str, None, "MSD integer MMA: s4 or s8", choices=("s4", "s8")),
+        "vec-warps": Option(int, None, "MSD: warps of the vector unit per CTA", choices=MSD_WARPS),
+        "cube-warps": Option(int, None, "MSD: warps of the matrix unit per CTA",
+                             choices=MSD_WARPS),
         "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
@@ -244,8 +263,10 @@ class TilePass(Pass):
                 op.attrs["router"] = self.option("router")
                 op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
             if op.NAME == "moe.grouped_gemm_w4a16":
-                if self.option("mma") is not None:
-                    raise PipelineError("tile{mma=...}: an MSD option; this is an MoE spec")
+                for name in ("mma", "vec-warps", "cube-warps"):
+                    if self.option(name) is not None:
+                        raise PipelineError(f"tile{{{name}=...}}: an MSD option; this is an MoE "
+                                            "spec")
                 if self.option("block-n") not in (None, 64):
                     raise PipelineError(f"tile{{block-n={self.option('block-n')}}}: the MoE GEMM "
                                         "reads 64-column packed tiles (block-n=64)")
@@ -335,30 +356,43 @@ class TilePass(Pass):
                                   "stages": gemm_stages(block, warps, self.option("stages", 8)),
                                   "split_k": split}
         else:
-            tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
-                    for k, v in MSD_CUDA_TILE.items()}
-            s = spec.msd
-            g = spec.quant.group_size
-            groups = s.k // g
-            x_stages = msd_x_stages(s.m, g)
+            loop.attrs["tile"] = self._msd_cuda_tile(spec, tuned)
 
-            def shared(block_n: int) -> int:
-                t = {"block_n": block_n, "w_stages": max(2, tile["stages"]),
-                     "x_stages": x_stages, "mma": tile["mma"]}
-                return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
+    def _msd_cuda_tile(self, spec, tuned: dict) -> dict:
+        """The CUDA MSD kernel's tile: options first, then a tuning entry, then the defaults;
+        columns (and with them matrix warps) halved while shared memory would not hold it."""
+        s = spec.msd
+        tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
+                for k, v in {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}.items()}
+        g = spec.quant.group_size
+        groups = s.k // g
+        vec, fixed_n = tile["vec_warps"], self.option("block-n") is not None or "block_n" in tuned
+        fixed_cube = self.option("cube-warps") is not None or "cube_warps" in tuned
 
-            if self.option("block-n") is None and "block_n" not in tuned:
-                while tile["block_n"] > 16 and shared(tile["block_n"]) > MSD_SHARED_LIMIT:
-                    tile["block_n"] //= 2        # large M x steps: fewer columns per CTA
-            if shared(tile["block_n"]) > MSD_SHARED_LIMIT:
-                raise PipelineError(f"tile{{block-n={tile['block_n']}}}: the MSD kernel of "
-                                    f"msd.m = {s.m}, msd.steps = {s.steps} would need "
-                                    f"{shared(tile['block_n'])} bytes of shared memory (at most "
-                                    f"{MSD_SHARED_LIMIT}): use fewer columns per CTA")
-            split = self.option("split-k", tuned.get("split_k") or
-                                msd_split_k(groups, -(-s.n // tile["block_n"])))
-            if groups % split:
-                raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
-                                    f"split evenly")
-            loop.attrs["tile"] = {"block_n": tile["block_n"], "w_stages": max(2, tile["stages"]),
-                                  "x_stages": x_stages, "mma": tile["mma"], "split_k": split}
+        def full(block_n: int, cube: int) -> dict:
+            return {"block_n": block_n, "w_stages": max(2, tile["stages"]),
+                    "x_stages": msd_x_stages(s.m, g, vec), "mma": tile["mma"],
+                    "vec_warps": vec, "cube_warps": cube}
+
+        def shared(t: dict) -> int:
+            return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
+
+        t = full(tile["block_n"], tile["cube_warps"])
+        while not fixed_n and t["block_n"] > 16 and shared(t) > MSD_SHARED_LIMIT:
+            bn = t["block_n"] // 2               # large M x steps: fewer columns per CTA
+            t = full(bn, t["cube_warps"] if fixed_cube else max(1, t["cube_warps"] // 2))
+        if t["block_n"] < 8 * t["cube_warps"]:
+            raise PipelineError(f"tile{{cube-warps={t['cube_warps']}}}: {t['block_n']} columns "
+                                f"per CTA (block-n) give each matrix warp less than one n8 "
+                                f"tile: at most {t['block_n'] // 8} matrix warps")
+        if shared(t) > MSD_SHARED_LIMIT:
+            raise PipelineError(f"tile{{block-n={t['block_n']}}}: the MSD kernel of "
+                                f"msd.m = {s.m}, msd.steps = {s.steps} would need "
+                                f"{shared(t)} bytes of shared memory (at most "
+                                f"{MSD_SHARED_LIMIT}): use fewer columns per CTA")
+        split = self.option("split-k", tuned.get("split_k") or
+                            msd_split_k(groups, -(-s.n // t["block_n"])))
+        if groups % split:
+            raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
+                                f"split evenly")
+        return {**t, "split_k": split}

@@ -162,6 +162,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The largest of the warp's values, all >= 0 (not NaN): such floats order as their bit patterns,
+// so one integer max reduction finds it (redux.sync, sm_80+), bit for bit warp_max's result.
+__device__ __forceinline__ float warp_max_nonnegative(float v) {
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(v)));
+}
+
 // float -> unsigned of the same order (for redux.sync, which compares unsigned integers): -0
 // as +0, NaN as 1 (below -inf), so 0 can stand for "no expert"
 __device__ __forceinline__ unsigned order_key(float f) {

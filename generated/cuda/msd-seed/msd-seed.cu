@@ -4,11 +4,13 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 64 output columns and 16 of the 64 groups of K; the 4 CTAs along K add
-// their partial sums in a fixed order. Four warps in the roles of the schedule pass: warps 0
-// and 1 are the two vector units (unfold A: A_max and the int4 slices of each row; merge:
-// int32 Y -> fp32 accumulators), warps 2 and 3 the matrix unit
-// (mma.sync m16n8k32 s8 x u8, the weights widened in registers -> s32).
+// One CTA per 128 output columns and 16 of the 64 groups of K; the 4 CTAs along K add
+// their partial sums in a fixed order. The warps play the units of the schedule pass: warps
+// 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
+// r % 2; merge: int32 Y -> fp32 accumulators, 64 columns per warp), warps 2 .. 3 the
+// matrix unit (64 columns per warp; mma.sync m16n8k32 s8 x u8, the weights widened in registers -> s32).
+// One CTA unfolds each group of A once for all its columns: more columns per CTA, less
+// unfolding in all.
 // The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to bytes with one mask
 // each; the MMA then sums (q + 8) a, and merge subtracts 8 * (the sum of the slice's a over the
 // group), which unfold counts: the same int32 Y as signed weights, exactly.
@@ -17,8 +19,8 @@
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
 // rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
 // stream the weights through a cp.async ring 4 groups deep, the vector warps their
-// activation rows through one 4 groups deep, and each lane loads the scale of its merge
-// column one group ahead. Each CTA unfolds the (tiny) activations itself, so the schedule's
+// activation rows through one 4 groups deep and the scales of their merge columns along
+// with them (so no step waits on a global load). Each CTA unfolds the (tiny) activations itself, so the schedule's
 // all-core flags stay inside the CTA.
 #include "moegen_w4a16.cuh"
 
@@ -27,7 +29,7 @@ constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
 constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS consecutive groups
 constexpr int STEPS = GROUPS / SPLIT;
-constexpr int BLOCK_N = 64;
+constexpr int BLOCK_N = 128;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 // The unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four words
@@ -41,16 +43,26 @@ constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte s
 constexpr int WEIGHT_BIAS = 8;                  // packed nibble = q + WEIGHT_BIAS
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
-constexpr int WARP_N8 = BLOCK_N / 16;           // n8 tiles per matrix warp
-constexpr int VEC_THREADS = 64, CUBE_THREADS = 64;
+constexpr int VEC_WARPS = 2, CUBE_WARPS = 2;
+constexpr int VEC_THREADS = 32 * VEC_WARPS, CUBE_THREADS = 32 * CUBE_WARPS;
+constexpr int WARP_N8 = BLOCK_N / 8 / CUBE_WARPS;     // n8 tiles per matrix warp
+static_assert(WARP_N8 >= 1 && WARP_N8 * 8 * CUBE_WARPS == BLOCK_N, "whole n8 tiles per matrix warp");
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
 static_assert(PER == 2 || PER == 4 || PER == 8, "a lane's activations lie within one 32-bit word of int4");
-constexpr int VEC_ROWS = (M + 1) / 2;           // rows of vector unit 0 (unit 1 has M / 2)
+constexpr int VEC_ROWS = (M + VEC_WARPS - 1) / VEC_WARPS;   // rows of vector warp 0 (the most)
 constexpr int W_STAGES = 4, X_STAGES = 4;
 constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
-constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector unit
-constexpr int COLS_PER_UNIT = BLOCK_N / 2;      // merge: columns of one vector unit
-constexpr int ROW_STRIDE = 32 / COLS_PER_UNIT;  // merge: rows a warp covers at once
+constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector warp
+// the scale ring of a vector warp: one slot more than the activation ring, since merge reads a
+// group's scales one step after unfold has read its rows (preload)
+constexpr int SCALE_STAGES = X_STAGES + 1;
+// merge: a vector warp's columns; lane l takes columns l % LANE_COLS + 32 j and rows
+// l / LANE_COLS + ROW_STRIDE q
+constexpr int COLS_PER_WARP = BLOCK_N / VEC_WARPS;
+constexpr int LANE_COLS = COLS_PER_WARP < 32 ? COLS_PER_WARP : 32;
+static_assert(32 % LANE_COLS == 0 && COLS_PER_WARP % LANE_COLS == 0, "merge columns tile the lanes");
+constexpr int COLS_PER_LANE = COLS_PER_WARP / LANE_COLS;
+constexpr int ROW_STRIDE = 32 / LANE_COLS;
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
 __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
 __constant__ float INV_DIVISORS[3] = {0.13351134846461948f, 0.008912640084420526f, 0.0005949692980254022f };
@@ -71,7 +83,8 @@ __device__ constexpr int flag_first(int f) {
 }
 constexpr int BARRIERS = 13;
 constexpr int BARRIER_WORDS = (BARRIERS + 1) / 2 * 2;   // 8-byte words: what follows is 16-byte aligned
-static_assert(2 * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 && 2 * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0,
+static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 && VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
+              BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
               "the rings keep the unfolded A (read 16 bytes at a time) 16-byte aligned");
 
 struct Shared {
@@ -80,8 +93,9 @@ struct Shared {
   int* y;                     // [slots][ROWS][Y_STRIDE]
   float* amax;                // [slots][M]
   int* rowsum;                // [slots][ROWS]: per unfolded row, the sum of its int4 slice
-  uint2* wring;               // [2 matrix warps][W_STAGES][W_STAGE_WORDS / 2]
-  half* xring;                // [2 vector units][X_STAGES][X_STAGE_HALVES]
+  uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
+  half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
+  half* sring;                // [VEC_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
 };
 
 // the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
@@ -98,34 +112,51 @@ __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
 
 // (stages and loads count groups from this CTA's first, blockIdx.y * STEPS)
 
-// vector unit: its rows' activations of group g into x stage g % X_STAGES (this lane's PER values
-// of each row, which only this lane reads back)
-__device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x, int unit, int g) {
+// vector warp `unit`: its rows' activations of group g into x stage g % X_STAGES (this lane's PER
+// values of each row, which only this lane reads back) and the scales of its merge columns into
+// scale stage g % SCALE_STAGES (read back by other lanes: unfold meets the warp after the wait)
+__device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x,
+                                       const half* __restrict__ scale, int unit, int g) {
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
+  half* scales = sh.sring + (unit * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
+  __syncwarp();                                 // every lane has read what this stage held
   if (g < STEPS) {
     const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
-    for (int r = unit, j = 0; r < M; r += 2, ++j)
+    for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j)
       moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
+    const int col0 = blockIdx.x * BLOCK_N + unit * COLS_PER_WARP;
+    const half* row = scale + (size_t)(blockIdx.y * STEPS + g) * N;
+    if constexpr (N % 2 == 0) {
+      // column pairs, 4 bytes each (N even: a pair lies wholly inside or past the row)
+      for (int i = lane; i < COLS_PER_WARP / 2; i += 32) {
+        const int col = col0 + 2 * i;
+        moegen::cp_async_ca_zfill<4>(scales + 2 * i, row + (col < N ? col : 0), col < N ? 4u : 0u);
+      }
+    } else {
+      // odd N leaves the rows 2-byte aligned only, below cp.async's smallest copy: plain loads
+      for (int i = lane; i < COLS_PER_WARP; i += 32)
+        scales[i] = col0 + i < N ? row[col0 + i] : __float2half(0.0f);
+    }
   }
   moegen::cp_async_commit();
 }
 
-// matrix warp cw: its n8 tiles' weights of group g into w stage g % W_STAGES (only this lane
-// reads back what it copied); tiles past N read as zero
+// matrix warp cw: its n8 tiles' weights of group g into w stage g % W_STAGES, 16 bytes a copy
+// (a tile's group is KSTEPS x 256 contiguous bytes, in global memory as in the stage; lanes read
+// back other lanes' copies: matmul meets the warp after the wait); tiles past N read as zero
 __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
+  constexpr int PIECES = KSTEPS * 16;           // 16-byte pieces of one tile's group
   const int lane = threadIdx.x & 31;
   uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
   if (g < STEPS) {
     const int kstep0 = (blockIdx.y * STEPS + g) * KSTEPS;
 #pragma unroll
-    for (int j = 0; j < WARP_N8; ++j) {
+    for (int i = lane; i < WARP_N8 * PIECES; i += 32) {
+      const int j = i / PIECES, piece = i % PIECES;
       const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
-#pragma unroll
-      for (int h = 0; h < KSTEPS; ++h) {
-        const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0 + h) * 32 + lane;
-        moegen::cp_async_ca_zfill<8>(stage + (j * KSTEPS + h) * 32 + lane, src, n8 < N8 ? 8u : 0u);
-      }
+      const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0) * 32 + 2 * piece;
+      moegen::cp_async16_zfill(stage + j * KSTEPS * 32 + 2 * piece, src, n8 < N8 ? 16u : 0u);
     }
   }
   moegen::cp_async_commit();
@@ -133,20 +164,22 @@ __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict
 
 // --- stages -----------------------------------------------------------------------------------
 
-// A_max and S int4 slices of this vector unit's rows (rows unit, unit + 2, ...) for group g
-__device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict__ x, int unit,
-                                       int g, int amax_slot, int unfold_slot) {
+// A_max and S int4 slices of this vector warp's rows (rows unit, unit + VEC_WARPS, ...) for group g
+__device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict__ x,
+                                       const half* __restrict__ scale, int unit, int g,
+                                       int amax_slot, int unfold_slot) {
   const int lane = threadIdx.x & 31;
-  moegen::cp_async_wait<X_STAGES - 2>();        // group g's rows have landed
+  moegen::cp_async_wait<X_STAGES - 2>();        // group g's rows and scales have landed
+  __syncwarp();                                 // ... for every lane of the warp
   const half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
-  for (int r = unit, j = 0; r < M; r += 2, ++j) {
+  for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j) {
     float a[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) a[i] = __half2float(stage[j * G + lane * PER + i]);
     float local = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; ++i) local = fmaxf(local, fabsf(a[i]));
-    const float amax = moegen::warp_max(local);
+    const float amax = moegen::warp_max_nonnegative(local);
     const float safe = amax > 0.0f ? amax : 1.0f;
     float t[PER];
 #pragma unroll
@@ -181,15 +214,16 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
     }
     if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
-  load_x(sh, x, unit, g + X_STAGES - 1);       // this lane has read its copies of stage g - 1
+  load_x(sh, x, scale, unit, g + X_STAGES - 1);   // into x stage g - 1, read by now
 }
 
 // int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
-  const int cw = (threadIdx.x >> 5) - 2;        // matrix warp 0 or 1: n8 tiles cw * WARP_N8 + j
+  const int cw = (threadIdx.x >> 5) - VEC_WARPS;   // matrix warp cw: n8 tiles cw * WARP_N8 + j
   moegen::cp_async_wait<W_STAGES - 2>();        // group g's weights have landed
+  __syncwarp();                                 // ... every lane's copies
   const uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
   uint2 b[WARP_N8][KSTEPS];
 #pragma unroll
@@ -228,29 +262,33 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
   }
 }
 
-// acc += (sum_i (Y_i - WEIGHT_BIAS * rowsum_i) / d_i) * A_max * scale for this vector unit's half
-// of the columns; `scale_g` holds this lane's scale of group g and is refilled with group g + 1's
-// (kept as fp16 until it is used, so that the load's latency hides behind a whole step)
-__device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__ scale, int unit,
-                                      int g, int amax_slot, int y_slot, half& scale_g,
-                                      float (&acc)[ROWS_PER_LANE]) {
+// the merge column of this lane's j-th column slot in its warp's share of the CTA's columns
+__device__ __forceinline__ int merge_col(int unit, int j) {
+  return unit * COLS_PER_WARP + (threadIdx.x & 31) % LANE_COLS + j * LANE_COLS;
+}
+
+// acc += (sum_i (Y_i - WEIGHT_BIAS * rowsum_i) / d_i) * A_max * scale for this vector warp's
+// columns, the scales of group g from the warp's scale ring
+__device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int amax_slot, int y_slot,
+                                      float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
-  const int c = unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-  const int col = blockIdx.x * BLOCK_N + c;
-  const float s = __half2float(scale_g);
-  if (g + 1 < STEPS)
-    scale_g = col < N ? scale[(size_t)(blockIdx.y * STEPS + g + 1) * N + col] : __float2half(0.0f);
+  const half* scales = sh.sring + (unit * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
 #pragma unroll
-  for (int q = 0; q < ROWS_PER_LANE; ++q) {
-    const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-    if (r < M) {
-      float combined = 0.0f;
+  for (int j = 0; j < COLS_PER_LANE; ++j) {
+    const int c = merge_col(unit, j);
+    const float s = __half2float(scales[c - unit * COLS_PER_WARP]);
 #pragma unroll
-      for (int i = 0; i < S; ++i)
-        combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c] -
-                                       WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r]) *
-                    INV_DIVISORS[i];
-      acc[q] += combined * sh.amax[amax_slot * M + r] * s;
+    for (int q = 0; q < ROWS_PER_LANE; ++q) {
+      const int r = lane / LANE_COLS + q * ROW_STRIDE;
+      if (r < M) {
+        float combined = 0.0f;
+#pragma unroll
+        for (int i = 0; i < S; ++i)
+          combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c] -
+                                         WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r]) *
+                      INV_DIVISORS[i];
+        acc[j][q] += combined * sh.amax[amax_slot * M + r] * s;
+      }
     }
   }
 }
@@ -258,33 +296,39 @@ __device__ __forceinline__ void merge(const Shared& sh, const half* __restrict__
 // y = acc (fp16). With SPLIT > 1 each CTA leaves its fp32 sums in `partials`; the last CTA of a
 // column block (per-block counter, reset by that CTA) adds them in split order: deterministic.
 __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restrict__ partials,
-                                          int* __restrict__ counters, int col,
-                                          const float (&acc)[ROWS_PER_LANE]) {
+                                          int* __restrict__ counters, int unit,
+                                          const float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
   if constexpr (SPLIT == 1) {
 #pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-      if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[q]);
-    }
+    for (int j = 0; j < COLS_PER_LANE; ++j)
+#pragma unroll
+      for (int q = 0; q < ROWS_PER_LANE; ++q) {
+        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
+        if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[j][q]);
+      }
   } else {
     __shared__ int last;
 #pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-      if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[q];
-    }
+    for (int j = 0; j < COLS_PER_LANE; ++j)
+#pragma unroll
+      for (int q = 0; q < ROWS_PER_LANE; ++q) {
+        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
+        if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[j][q];
+      }
     // the vector warps only: the matrix warps are done
     if (!moegen::last_to_arrive<VEC_THREADS>(&counters[blockIdx.x], SPLIT, last)) return;
 #pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) {
-      const int r = lane / COLS_PER_UNIT + q * ROW_STRIDE;
-      if (r < M && col < N) {
-        float sum = 0.0f;
-        for (int sp = 0; sp < SPLIT; ++sp) sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
-        y[(size_t)r * N + col] = __float2half_rn(sum);
+    for (int j = 0; j < COLS_PER_LANE; ++j)
+#pragma unroll
+      for (int q = 0; q < ROWS_PER_LANE; ++q) {
+        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
+        if (r < M && col < N) {
+          float sum = 0.0f;
+          for (int sp = 0; sp < SPLIT; ++sp) sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
+          y[(size_t)r * N + col] = __float2half_rn(sum);
+        }
       }
-    }
   }
 }
 }  // namespace msd
@@ -301,45 +345,51 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
-  sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
-  sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
+  sh.xring = reinterpret_cast<half*>(sh.wring + CUBE_WARPS * W_STAGES * (W_STAGE_WORDS / 2));
+  sh.sring = sh.xring + VEC_WARPS * X_STAGES * X_STAGE_HALVES;
+  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
+  if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   int sent[FLAGS] = {0, 0, 0, 0, 0};
   int waited[FLAGS] = {0, 0, 0, 0, 0};
-  if (warp < 2) {
-    // vector units
+  if (warp < VEC_WARPS) {
+    // vector unit
     const int unit = warp;
-    const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
-    float acc[ROWS_PER_LANE];
+    float acc[COLS_PER_LANE][ROWS_PER_LANE];
 #pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
-    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
+    for (int j = 0; j < COLS_PER_LANE; ++j)
+#pragma unroll
+      for (int q = 0; q < ROWS_PER_LANE; ++q) acc[j][q] = 0.0f;
+    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, scale, unit, g);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     for (int step = 0; step < STEPS + 0; ++step) {
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
       if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
       if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     moegen::cp_async_wait<0>();
-    write_out(y, partials, counters, col, acc);
+    write_out(y, partials, counters, unit, acc);
   } else {
     // matrix unit
-    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
+    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     for (int step = 0; step < STEPS + 0; ++step) {
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
@@ -365,47 +415,53 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
-  sh.xring = reinterpret_cast<half*>(sh.wring + 2 * W_STAGES * (W_STAGE_WORDS / 2));
-  sh.unfold = reinterpret_cast<unsigned*>(sh.xring + 2 * X_STAGES * X_STAGE_HALVES);
+  sh.xring = reinterpret_cast<half*>(sh.wring + CUBE_WARPS * W_STAGES * (W_STAGE_WORDS / 2));
+  sh.sring = sh.xring + VEC_WARPS * X_STAGES * X_STAGE_HALVES;
+  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  if (threadIdx.x < BARRIERS) moegen::mbar_init(&sh.bars[threadIdx.x], VEC_THREADS);   // = CUBE_THREADS
+  if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
   int sent[FLAGS] = {0, 0, 0, 0, 0};
   int waited[FLAGS] = {0, 0, 0, 0, 0};
-  if (warp < 2) {
-    // vector units
+  if (warp < VEC_WARPS) {
+    // vector unit
     const int unit = warp;
-    const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * BLOCK_N + unit * COLS_PER_UNIT + lane % COLS_PER_UNIT;
-    half scale_g = col < N ? scale[(size_t)blockIdx.y * STEPS * N + col] : __float2half(0.0f);
-    float acc[ROWS_PER_LANE];
+    float acc[COLS_PER_LANE][ROWS_PER_LANE];
 #pragma unroll
-    for (int q = 0; q < ROWS_PER_LANE; ++q) acc[q] = 0.0f;
-    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, unit, g);
+    for (int j = 0; j < COLS_PER_LANE; ++j)
+#pragma unroll
+      for (int q = 0; q < ROWS_PER_LANE; ++q) acc[j][q] = 0.0f;
+    for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, scale, unit, g);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     for (int step = 0; step < STEPS + 1; ++step) {
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
+      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
       if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
       if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
       if (moegen_runs(step, 1, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 1, STEPS)) { const int it = step - 1; merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc); }
+      if (moegen_runs(step, 1, STEPS)) { const int it = step - 1; merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
       if (moegen_runs(step, 1, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     moegen::cp_async_wait<0>();
-    write_out(y, partials, counters, col, acc);
+    write_out(y, partials, counters, unit, acc);
   } else {
     // matrix unit
-    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - 2, g);
+    for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     for (int step = 0; step < STEPS + 1; ++step) {
       if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }

@@ -2,7 +2,7 @@
 
 `lowering: msd`: one kernel per schedule (basic, preload). The kernel body of each schedule is its
 action lists rendered as they are: each flag becomes a ring of mbarriers in shared memory (scoped
-to the CTA, whose two vector warps and two MMA warps play the units of one core), stages become
+to the CTA, whose vector warps and MMA warps play the units of one core), stages become
 calls with their iteration offset, rotating buffers take the derived slot counts.
 `lowering: dequant`: the MoE layer's W4A16 GEMM (int4 -> fp16 in registers, fp16 MMA) on the
 dense matrix, for comparison on the same GPU.
@@ -20,11 +20,10 @@ from ...spec import Spec, SpecError
 from ..header import file_header
 from .emitter import HEADER_FILE, CudaProgram
 
-THREADS = 128
 STAGE_CALL = {
-    "unfold": "unfold(sh, x, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);",
+    "unfold": "unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);",
     "matmul": "matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);",
-    "merge": "merge(sh, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, scale_g, acc);",
+    "merge": "merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);",
 }
 
 
@@ -100,7 +99,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
     source = render(
         "cuda/msd_matmul.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n, K=s.k, G=g,
         S=s.steps, BLOCK_N=block_n, W_STAGES=tile["w_stages"], X_STAGES=tile["x_stages"],
-        MMA=tile["mma"], factors=factors,
+        MMA=tile["mma"], VEC_WARPS=tile["vec_warps"], CUBE_WARPS=tile["cube_warps"],
+        factors=factors,
         inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
         SPLIT=tile["split_k"], flags=flags,
         barriers=first,
@@ -118,7 +118,7 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "lowering": "msd", "default": spec.schedule, "tile": tile,
         "kernels": [{"name": f"msd_matmul_{x.mode}",
                      "grid": [-(-s.n // block_n), tile["split_k"], 1],
-                     "block": THREADS, "shared_bytes": smem(x), "slots": x.slots,
+                     "block": 32 * (tile["vec_warps"] + tile["cube_warps"]), "shared_bytes": smem(x), "slots": x.slots,
                      "flag_depths": {f["name"]: f["depth"] for f in flags},
                      "actions": {kind: {"init": [str(a) for a in p.init],
                                         "step": [[a.offset, str(a)] for a in p.step],

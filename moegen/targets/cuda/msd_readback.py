@@ -24,7 +24,7 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
             continue
         if mode is None:
             continue
-        if line.startswith("if (warp < 2) {"):
+        if line.startswith("if (warp < VEC_WARPS) {"):
             prog, section = Program(VEC), "init"
             out[mode][VEC] = prog
         elif line.startswith("} else {") and prog is not None and prog.kind == VEC:
