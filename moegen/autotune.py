@@ -294,19 +294,24 @@ class MsdConfig:
 def msd_config_space(spec: Spec) -> list[MsdConfig]:
     """msd: s8 MMA on 64, 128 or 256 columns (8 n8 tiles a matrix warp) x 2, 4 or 8 vector
     warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA);
-    dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering."""
+    dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering.
+    Ordered so that a short budget covers the default layout and the dequant lowering."""
     from .passes.tile import fit_warps, msd_warp_layout, splits_evenly
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
     layout = msd_warp_layout(s.m)
-    out = [MsdConfig("msd", sp, "s8", bn, vec, bn // 64) for bn in (64, 128, 256)
-           for vec in (2, 4, 8) for sp in splits]
-    out += [MsdConfig("msd", sp, "s4", layout["block_n"], layout["vec_warps"],
-                      layout["cube_warps"]) for sp in splits]
+    own = (layout["block_n"], layout["vec_warps"])
+    # the default layout's splits first, then the dequant lowering, then the other layouts and
+    # the s4 MMA: a short budget still measures both lowerings
+    out = [MsdConfig("msd", sp, "s8", own[0], own[1], own[0] // 64) for sp in splits]
     if s.n % 8 == 0:
         w = fit_warps(s.k, 4)
         out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if splits_evenly(s.k, sp, w)]
+    out += [MsdConfig("msd", sp, "s8", bn, vec, bn // 64) for bn in (64, 128, 256)
+            for vec in (2, 4, 8) if (bn, vec) != own for sp in splits]
+    out += [MsdConfig("msd", sp, "s4", layout["block_n"], layout["vec_warps"],
+                      layout["cube_warps"]) for sp in splits]
     return out
 
 

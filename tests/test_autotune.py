@@ -236,6 +236,15 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
     assert {c.lowering for c in space} == {"msd", "dequant"}
     assert {c.mma for c in space if c.lowering == "msd"} == {"s4", "s8"}
     assert {c.split_k for c in space if c.lowering == "msd"} == {1, 2, 4, 8, 16}
+    assert {(c.block_n, c.vec_warps, c.cube_warps) for c in space if c.mma == "s8"} == {
+        (bn, vec, bn // 64) for bn in (64, 128, 256) for vec in (2, 4, 8)}
+    # the default layout (M = 1: 128 columns, 2 + 2 warps) first, then dequant, then the rest
+    lowerings = [c.lowering for c in space]
+    first_dequant = lowerings.index("dequant")
+    assert all((c.block_n, c.vec_warps, c.cube_warps) == (128, 2, 2)
+               for c in space[:first_dequant])
+    n = lowerings.count("dequant")
+    assert lowerings[first_dequant:first_dequant + n] == ["dequant"] * n
     results = [{"tokens": 1, "config": {"lowering": "dequant", "split_k": 8}, "time_us": 30.0,
                 "default_us": 60.0, "checked": True},
                {"tokens": 1, "config": {"lowering": "msd", "schedule": "basic", "mma": "s4",
@@ -308,7 +317,8 @@ def test_short_msd_autotune_on_the_gpu(tmp_path):
     op = moegen.cuda.MsdMatmul(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
                                                       at.Device.current()))
     best = next(r["config"] for r in results if r["config"]["lowering"] == "msd")
-    assert op.plan["tile"]["split_k"] == best["split_k"] and op.plan["tile"]["mma"] == best["mma"]
+    for key in ("split_k", "mma", "block_n", "vec_warps", "cube_warps"):   # the whole tile
+        assert op.plan["tile"][key] == best[key], key
 
 
 
