@@ -156,17 +156,18 @@ def test_mbarrier_rings_are_deep_enough():
 
 def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     """M = 64 with 3 slices at 256 columns would pass the 227 KB a CTA gets on sm_90: the tile
-    pass halves the columns (and the matrix warps with them); asking for 64 by hand is refused
-    with the bytes it would need."""
+    pass halves the columns (and the matrix warps with them), at 64 columns cuts the weight ring
+    to 2 stages first; asking for 64 columns with 4 stages by hand is refused with the bytes it
+    would need."""
     import json
     from moegen.passes.manager import PipelineError
     from moegen.passes.tile import MSD_SHARED_LIMIT
     big = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=64, n=4096, k=4096))
     plan = json.loads(emit(big, "cuda")[f"{big.name}.launch.json"])
-    assert (plan["tile"]["block_n"], plan["tile"]["cube_warps"]) == (32, 1)
+    assert (plan["tile"]["block_n"], plan["tile"]["cube_warps"], plan["tile"]["w_stages"]) == (64, 1, 2)
     assert max(k["shared_bytes"] for k in plan["kernels"]) <= MSD_SHARED_LIMIT
     small = json.loads(emit(SEED, "cuda")[f"{SEED.name}.launch.json"])
     assert (small["tile"]["block_n"], small["tile"]["cube_warps"]) == (128, 2)
     with pytest.raises(PipelineError, match=r"tile\{block-n=64\}: .* would need \d+ bytes of "
                                             r"shared memory \(at most 232448\)"):
-        emit(big, "cuda", "tile{block-n=64},schedule,alloc")
+        emit(big, "cuda", "tile{block-n=64,stages=4},schedule,alloc")
