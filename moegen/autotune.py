@@ -296,22 +296,24 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
     warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA);
     dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering.
     Ordered so that a short budget covers the default layout and the dequant lowering."""
-    from .passes.tile import fit_warps, msd_warp_layout, splits_evenly
+    from .passes.tile import fit_warps, msd_cube_warps, msd_warp_layout, splits_evenly
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
     layout = msd_warp_layout(s.m)
     own = (layout["block_n"], layout["vec_warps"])
+
+    def msd(split: int, mma: str, block_n: int, vec: int) -> MsdConfig:
+        return MsdConfig("msd", split, mma, block_n, vec, msd_cube_warps(block_n))
     # the default layout's splits first, then the dequant lowering, then the other layouts and
     # the s4 MMA: a short budget still measures both lowerings
-    out = [MsdConfig("msd", sp, "s8", own[0], own[1], own[0] // 64) for sp in splits]
+    out = [msd(sp, "s8", *own) for sp in splits]
     if s.n % 8 == 0:
         w = fit_warps(s.k, 4)
         out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if splits_evenly(s.k, sp, w)]
-    out += [MsdConfig("msd", sp, "s8", bn, vec, bn // 64) for bn in (64, 128, 256)
-            for vec in (2, 4, 8) if (bn, vec) != own for sp in splits]
-    out += [MsdConfig("msd", sp, "s4", layout["block_n"], layout["vec_warps"],
-                      layout["cube_warps"]) for sp in splits]
+    out += [msd(sp, "s8", bn, vec) for bn in (64, 128, 256) for vec in (2, 4, 8)
+            if (bn, vec) != own for sp in splits]
+    out += [msd(sp, "s4", *own) for sp in splits]
     return out
 
 
@@ -319,7 +321,7 @@ def msd_default_config(spec: Spec) -> dict:
     """The config (as recorded) the tile pass picks for an MSD spec without a database."""
     from .passes.pipelines import lower
     module = lower(spec, "cuda", tuning=None)[0]
-    tile = next(op for op in module.function().ops if op.NAME == "msd.group_loop").attrs["tile"]
+    tile = module.function().op("msd.group_loop").attrs["tile"]
     if spec.lowering == "dequant":
         return MsdConfig("dequant", tile["split_k"]).as_dict()
     return MsdConfig("msd", tile["split_k"], tile["mma"], tile["block_n"], tile["vec_warps"],

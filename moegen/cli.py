@@ -59,7 +59,7 @@ def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
     if spec.pipeline != "msd_matmul":
         raise UsageError(f"--schedule: pipeline {spec.pipeline} has no K-loop schedule "
                          "(msd_matmul has)")
-    loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    loop = module.function().op("msd.group_loop")
     cores = spec.targets.ascend.aic_cores if spec.targets.ascend else 24
     shape = (spec.msd.m, spec.msd.n, spec.quant.group_size, spec.msd.steps)
     out, panels = [], []

@@ -107,7 +107,7 @@ def test_project_layout_and_names():
 # --- the controller renders the schedule, and only the schedule --------------------------------
 
 def schedules_for(spec):
-    loop = next(op for op in moegen.build(spec).function().ops if op.NAME == "msd.group_loop")
+    loop = moegen.build(spec).function().op("msd.group_loop")
     return {mode: derive_slots(generate(loop_stages(loop), mode, 8))
             for mode in ("basic", "preload")}
 

@@ -14,7 +14,7 @@ SEED = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
 
 
 def schedules():
-    loop = next(op for op in moegen.build(SEED).function().ops if op.NAME == "msd.group_loop")
+    loop = moegen.build(SEED).function().op("msd.group_loop")
     return {m: derive_slots(generate(loop_stages(loop), m, 8)) for m in ("basic", "preload")}
 
 

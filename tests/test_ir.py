@@ -171,6 +171,13 @@ def _op(module, name):
     return next(op for op in module.function().walk() if op.NAME == name)
 
 
+def test_function_finds_an_op_by_name():
+    fn = parse(MSD_TEXT, env=ENV_MSD).function()
+    assert fn.op("msd.group_loop").NAME == "msd.group_loop"
+    with pytest.raises(KeyError, match="has no moe.align op"):
+        fn.op("moe.align")
+
+
 @pytest.mark.parametrize("opname,index,type_text,rule", [
     ("moe.count", 0, "tensor<2xi32>", "result %counts must be tensor<8xi32>"),
     ("moe.swiglu", 0, "tensor<?*2x256xf16>", "result %activation must be tensor<2*?x128xf16>"),

@@ -197,7 +197,7 @@ def test_tile_options_override_defaults():
 def msd_tile(m: int, pipeline: str | None = None) -> dict:
     spec = dataclasses.replace(MSD, msd=dataclasses.replace(MSD.msd, m=m))
     module = lower(spec, "cuda", pipeline, tuning=None)[0]
-    return next(op for op in module.function().ops if op.NAME == "msd.group_loop").attrs["tile"]
+    return module.function().op("msd.group_loop").attrs["tile"]
 
 
 def test_msd_warp_layout_follows_the_rows():

@@ -9,7 +9,7 @@ from moegen.sim.timeline import Panel, ascii_gantt, svg, window
 from conftest import ROOT
 
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
-LOOP = next(op for op in moegen.build(MSD).function().ops if op.NAME == "msd.group_loop")
+LOOP = moegen.build(MSD).function().op("msd.group_loop")
 SEED_SHAPE = (1, 12288, 128, 3)
 
 
@@ -132,7 +132,7 @@ def test_preload_is_faster_than_basic_at_the_seed_shape():
 def test_schedule_of_rederives_from_the_ir():
     module, ctx, _ = lower(MSD, "ascend")
     assert schedule_of(module).slots == ctx.results["schedule"].slots
-    loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    loop = module.function().op("msd.group_loop")
     loop.attrs["slots"] = {"a_max": 2, "a_unfold": 2, "y_int": 2}
     with pytest.raises(ScheduleError, match="derives"):
         schedule_of(module)

@@ -201,6 +201,13 @@ class Function:
     def ops(self) -> list[Op]:
         return self.body.ops
 
+    def op(self, name: str) -> Op:
+        """The first top-level op called `name` (e.g. "msd.group_loop")."""
+        found = next((op for op in self.body.ops if op.NAME == name), None)
+        if found is None:
+            raise KeyError(f"function @{self.name} has no {name} op")
+        return found
+
     def walk(self) -> Iterator[Op]:
         """Every op, nested regions included, in program order."""
         def rec(block):

@@ -279,7 +279,7 @@ def derived_schedule(loop, mode: str, iterations: int | None = None) -> Schedule
 
 def schedule_of(module: Module) -> Schedule:
     """The schedule of a module's K loop, re-derived from its `schedule` attribute."""
-    loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    loop = module.function().op("msd.group_loop")
     mode = loop.attrs.get("schedule")
     if mode is None:
         raise ScheduleError("the K loop has no schedule: run the schedule pass first")
@@ -299,7 +299,7 @@ class SchedulePass(Pass):
 
     def apply(self, module: Module, ctx: Context) -> None:
         mode = self.option("mode", ctx.spec.schedule)
-        loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+        loop = module.function().op("msd.group_loop")
         sched = derived_schedule(loop, mode)
         for fl in sched.flags.values():
             if not 0 <= fl.id <= MAX_FLAG_ID:

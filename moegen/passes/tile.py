@@ -174,13 +174,21 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
                    + slots["a_max"] * (m + rows)))
 
 
+MSD_WARP_N8 = 8    # n8 tiles a matrix warp multiplies in the default layouts
+
+
+def msd_cube_warps(block_n: int) -> int:
+    """Matrix warps for `block_n` columns: MSD_WARP_N8 n8 tiles each (at least one warp)."""
+    return max(1, block_n // (8 * MSD_WARP_N8))
+
+
 def msd_warp_layout(m: int) -> dict:
     """Columns per CTA and warps of the vector and matrix units by rows of A (measured at the
     seed shape, M = 1, 4, 16): a vector warp for every row or two, up to 8; 128 columns over 2
-    matrix warps up to M = 4, then 256 over 4 (8 n8 tiles a matrix warp)."""
+    matrix warps up to M = 4, then 256 over 4."""
     vec = 2 if m <= 2 else 4 if m <= 4 else 8
     block_n = 128 if m <= 4 else 256
-    return {"block_n": block_n, "vec_warps": vec, "cube_warps": block_n // 64}
+    return {"block_n": block_n, "vec_warps": vec, "cube_warps": msd_cube_warps(block_n)}
 
 
 def msd_split_k(groups: int, col_blocks: int) -> int:
@@ -337,7 +345,7 @@ class TilePass(Pass):
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
-        loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+        loop = module.function().op("msd.group_loop")
         if ctx.target == "ascend":
             a = spec.targets.ascend
             cores = a.aic_cores if a else 24
@@ -379,7 +387,7 @@ class TilePass(Pass):
             return msd_shared_bytes(s.m, g, s.steps, t, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
 
         t = full(tile["block_n"], tile["cube_warps"])
-        fixed_stages = self.option("stages") is not None or "stages" in tuned
+        fixed_stages = self.option("stages") is not None
         while not fixed_n and t["block_n"] > 16 and shared(t) > MSD_SHARED_LIMIT:
             if t["block_n"] == 64 and t["w_stages"] > 2 and not fixed_stages:
                 t = {**t, "w_stages": 2}         # M = 64: 64 columns, 2 stages beat 32 x 4 (1.8x)

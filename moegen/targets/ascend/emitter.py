@@ -89,7 +89,7 @@ def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str
     if spec.targets.ascend is None:
         raise SpecError("targets.ascend: None is required to emit the Ascend project")
     op, Op = op_names(spec)
-    loop = next(o for o in module.function().ops if o.NAME == "msd.group_loop")
+    loop = module.function().op("msd.group_loop")
     schedules = [derived_schedule(loop, mode) for mode in MODES]
     recorded = loop.attrs.get("slots")
     chosen = next(s for s in schedules if s.mode == loop.attrs.get("schedule", spec.schedule))

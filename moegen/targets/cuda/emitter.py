@@ -96,7 +96,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
 def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
     m = spec.moe
     fn = module.function()
-    router = next(op for op in fn.ops if op.NAME == "moe.topk_softmax")
+    router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
     fused = gemms[0].epilogue == 1

@@ -74,7 +74,7 @@ def check_shape(spec: Spec) -> None:
 
 def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
     check_shape(spec)
-    loop = next(op for op in module.function().ops if op.NAME == "msd.group_loop")
+    loop = module.function().op("msd.group_loop")
     tile = loop.attrs["tile"]
     arch = arch or (spec.targets.cuda.arch if spec.targets.cuda else "sm_90")
     header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
