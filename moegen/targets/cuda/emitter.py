@@ -75,7 +75,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
             row_div=int(op.attr("topk")), epilogue=epi,
-            sum_topk=int(op.attr("sum_topk")) if epi == 2 else 0, perm_gate_up=gate_up,
+            sum_topk=int(op.attr("sum_topk")) if op.attr("epilogue") == "topk_sum" else 0,
+            perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
         for (edge, block), split, stages, warps, block_k in zip(
                 op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
@@ -99,7 +100,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
-    fused = gemms[0].epilogue == 1
+    fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
     summed = gemms[1].sum_topk > 0
     # buckets that share a block and split share a kernel: define each kernel once
     unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
