@@ -124,7 +124,7 @@ class TuningDB:
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
-        split of the down GEMM, block_k, warps], ...]};
+        split of the down GEMM, block_k, warps, col_tiles], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "vec_warps", "cube_warps", "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
@@ -140,7 +140,8 @@ class TuningDB:
         return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
                              r["config"].get("stages", 8),
                              r["config"].get("split_k_down", r["config"]["split_k"]),
-                             r["config"].get("block_k", 16), r["config"].get("warps", 4)]
+                             r["config"].get("block_k", 16), r["config"].get("warps", 4),
+                             r["config"].get("col_tiles", 1)]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -205,30 +206,36 @@ def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "
 class MoeConfig:
     """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM,
     the most copy-ring stages, k per ring stage and warps per CTA of a token count (block_n is
-    the packed weight tile, 64)."""
+    the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
+    prefill sizes (its warps follow from its shape)."""
     moe_block: int
     split_k: int
     stages: int = 8
     split_k_down: int | None = None          # None: as split_k
     block_k: int = 16
     warps: int = 4
+    col_tiles: int = 1
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         down = self.split_k if self.split_k_down is None else self.split_k_down
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
             f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
-            f"stages={self.stages},block-k={self.block_k},warps={self.warps}}}", "alloc"])
+            f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
+            f"wide-cols={self.col_tiles}}}", "alloc"])
 
     def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
                 "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
-                "block_k": self.block_k, "warps": self.warps}
+                "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles}
 
 
 STAGE_CHOICES = (2, 4, 8)
 # (k per ring stage, warps per CTA): the tile pass's default first, so that a sweep cut short
 # by its budget has covered the default tile's neighbourhood
 TILE_CHOICES = ((16, 4), (32, 4), (16, 2))
+# the wide CTA at prefill sizes: (column tiles, k per stage), the default first; ring depths
+WIDE_CHOICES = ((4, 32), (2, 32), (4, 16))
+WIDE_STAGE_CHOICES = (4, 2, 6)
 
 
 def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
@@ -237,8 +244,10 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     warps (split-K only for decode sizes, T <= 64, where some SMs would otherwise idle), ring
     depths 2, 4, 8 (the tile pass lowers a depth that does not fit shared memory, so such
     candidates are left out as duplicates), and the (k per stage, warps) of TILE_CHOICES that
-    divide K and the group."""
-    from .passes.tile import GEMM_TILE, fit_warps, gemm_stages, splits_evenly
+    divide K and the group; at prefill sizes (T > 64) first the wide CTA in the blocks it takes
+    (WIDE_CHOICES x WIDE_STAGE_CHOICES)."""
+    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, WIDE_BLOCKS, fit_warps, gemm_stages,
+                              splits_evenly)
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -249,6 +258,10 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     splits = [s for s in (1, 2, 4, 8) if s == 1 or tokens <= 64]
 
     out = []
+    if tokens > DECODE_MAX_TOKENS:
+        out += [MoeConfig(b, 1, d, 1, block_k, GEMM_TILE["warps"], cols)
+                for b in blocks if b in WIDE_BLOCKS for cols, block_k in WIDE_CHOICES
+                for d in WIDE_STAGE_CHOICES if spec.quant.group_size % block_k == 0]
     for block_k, warps in TILE_CHOICES:
         if spec.quant.group_size % block_k:
             continue
@@ -320,6 +333,7 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
 def msd_default_config(spec: Spec) -> dict:
     """The config (as recorded) the tile pass picks for an MSD spec without a database."""
     from .passes.pipelines import lower
+    from .passes.tile import GEMM_TILE
     module = lower(spec, "cuda", tuning=None)[0]
     tile = module.function().op("msd.group_loop").attrs["tile"]
     if spec.lowering == "dequant":
@@ -331,23 +345,29 @@ def msd_default_config(spec: Spec) -> dict:
 def default_config(spec: Spec, tokens: int) -> MoeConfig:
     """The config the tile pass picks without a database for a call of `tokens` tokens."""
     from .passes.pipelines import lower
+    from .passes.tile import GEMM_TILE
     module = lower(spec, "cuda", tuning=None)[0]
     gemms = {op.attr("mul_topk_weights"): op for op in module.function().ops
              if op.NAME == "moe.grouped_gemm_w4a16"}
     up, down = gemms[False], gemms[True]
     buckets = up.attrs["block_buckets"]
     i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
-    return MoeConfig(up.attrs["block_buckets"][i][1], up.attrs["tile"]["split_k"][i],
-                     up.attrs["tile"]["stages"][i], down.attrs["tile"]["split_k"][i],
-                     up.attrs["tile"]["block_k"][i], up.attrs["tile"]["warps"][i])
+    tile = up.attrs["tile"]
+    cols = tile["col_tiles"][i]
+    return MoeConfig(up.attrs["block_buckets"][i][1], tile["split_k"][i], tile["stages"][i],
+                     down.attrs["tile"]["split_k"][i], tile["block_k"][i],
+                     GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols)
 
 
 def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
     """Whether two configs build the same kernels (a ring depth the block cannot hold is cut
     by the tile pass, so 8 and 5 stages are the same for block 32)."""
-    from .passes.tile import gemm_stages
+    from .passes.tile import gemm_stages, wide_stages
 
     def built(c: MoeConfig) -> tuple:
+        if c.col_tiles > 1:     # the wide CTA: its warps follow from its shape
+            return (c.moe_block, c.col_tiles, c.block_k,
+                    wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k))
         return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
                 gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
     return built(a) == built(b)

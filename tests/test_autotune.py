@@ -84,6 +84,10 @@ def test_config_space_is_pruned():
     assert {c.split_k for c in prefill} == {1} and {c.split_k for c in decode} >= {1, 2, 4}
     assert {c.moe_block for c in decode} == {8}             # one slot per expert: no bigger block
     assert {c.moe_block for c in prefill} == {8, 16, 32, 64}
+    # prefill: the wide CTA first (the default config leads), in the blocks it takes
+    assert prefill[0] == at.default_config(QWEN, 2048) and {c.col_tiles for c in decode} == {1}
+    assert {(c.moe_block, c.col_tiles) for c in prefill if c.col_tiles > 1} == {
+        (32, 4), (32, 2), (64, 4), (64, 2)}
     assert {c.moe_block for c in at.config_space(moegen.load_spec(
         ROOT / "examples" / "mixtral-8x7b.yaml"), 64)} == {8, 16, 32}   # 16 slots per expert
     assert {c.stages for c in decode if (c.block_k, c.warps) == (16, 4)} == {2, 4, 8}
@@ -131,7 +135,10 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     at.TuningDB(path).record(QWEN, H200, staged)
     text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
-    assert "stages = [8, 8, 5]" in str(lower(QWEN, "cuda")[0])      # the defaults
+    default = str(lower(QWEN, "cuda")[0])
+    assert "stages = [8, 8, 4]" in default and "col_tiles = [1, 1, 4]" in default
+    # an entry measured before the wide CTA (no col_tiles) keeps the K-split CTA it measured
+    assert "col_tiles = [1, 1, 1, 1, 1]" in text
 
 
 def test_tuned_split_per_gemm(tmp_path):
@@ -151,9 +158,14 @@ def test_tuned_split_per_gemm(tmp_path):
 def test_default_config_is_recognised_in_the_sweep():
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 4)
-    assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 5, 1)
+    assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
-    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.default_config(mixtral, 2048))
+    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
+    # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
+    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 2048))
+    assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 2048))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 2048))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))

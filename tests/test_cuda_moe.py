@@ -138,6 +138,30 @@ def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
         assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
 
 
+WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
+
+
+@pytest.mark.parametrize("h,i,e,k,tile", [
+    (1024, 512, 8, 2, ""), (1024, 512, 8, 2, "wide-cols=0"), (2048, 768, 64, 2, "moe-block=64"),
+    (4096, 1408, 64, 1, "wide-cols=2,stages=2"), (1024, 512, 60, 6, "moe-block=64,block-k=16"),
+    (320, 192, 8, 2, "")])
+def test_prefill_wide_cta(rng, h, i, e, k, tile):
+    """Prefill buckets: the wide CTA (warps over column tiles and row halves, one ring per
+    CTA) with 1 and 2 row halves, 2 and 4 column tiles, 16 or 32 k per stage, against the
+    reference; and the K-split CTA where wide-cols=0."""
+    g = 128 if h % 128 == 0 and i % 128 == 0 else 64
+    layer = layer_for(moe_spec(h, i, e, k, tokens_max=2048, group=g), pipeline=WIDE % tile)
+    up = layer.plan["gemms"][0]["variants"]
+    assert (up[-1]["col_tiles"] == 1) == ("wide-cols=0" in tile)
+    assert [v["col_tiles"] for v in up[:-1]] == [1] * (len(up) - 1)     # decode buckets
+    host = moe_weights(rng, e, h, i, g)
+    packed = layer.pack(*host)
+    for t in (65, 222, 1024, 2048):
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
 def test_unfused_swiglu(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
     assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]

@@ -156,11 +156,15 @@ def test_fused_topk_sum_plan():
     assert ws["sum_counters"] == {"offset": ws["sum_counters"]["offset"], "ints": down["ntiles"]}
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["sum_counters"]["offset"]
     assert ws["sum_counters"]["offset"] + 4 * down["ntiles"] <= ws["bytes"]
-    for v in down["variants"]:      # the split-K down kernels (T = 1) sum as well
+    for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
         assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
-        assert re.search(r"false, 2>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);",
-                         source[source.index(v["kernel"] + "("):], re.S)
+        # the K-split call ends its template arguments with DENSE = false, the wide one with
+        # MUL_WEIGHTS = true; then SUM_TOPK = 2
+        call = (r"false, 2>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
+                else r"grouped_gemm_wide<.*true, 2>\(\s*a, w, .*out,\s*sum_out, sum_counters\);")
+        assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
+    assert down["variants"][-1]["col_tiles"] == 4
     for v in up["variants"]:
         assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
     assert plan["gemms"][1]["variants"][0]["split"] > 1

@@ -102,14 +102,20 @@ def test_moe_passes_printed(path):
     mid = 16 if spec.moe.top_k * 64 > 8 * spec.moe.num_experts else 8   # Mixtral: 16 slots/expert
     buckets = f"[[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else \
         f"[[16, {fixed or 8}], [64, {fixed or mid}], [{spec.tokens.max}, {fixed or 32}]]"
+    # decode buckets: the K-split CTA (16 k a stage, 4 warps, 8 stages where shared memory
+    # holds them); the prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
+    wide = spec.tokens.max > 64
+    tile = (r"block_k = \[16, 16" + (", 32" if wide else "") + r"\], warps = \[4(, 4)*\], "
+            r"stages = \[8, [358]" + (", 4" if wide else "") + r"\], split_k = \[.*\], "
+            r"col_tiles = \[1, 1" + (", 4" if wide else "") + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
         r"moe\.align\(%topk_ids, %topk_weights\) \{num_experts = " + str(spec.moe.num_experts)
         + ".*block_buckets = " + re.escape(buckets),
         r"%activation = moe\.grouped_gemm_w4a16\(.*epilogue = \"swiglu\".*tile = \{block_n = 64, "
-        r"block_k = \[16(, 16)*\], warps = \[4(, 4)*\], stages = \[8(, [358])*\], split_k = \[",
-        r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true",
+        + tile,
+        r"%down = moe\.grouped_gemm_w4a16\(.*mul_topk_weights = true.*" + tile,
         r"moe\.aggregate\(%down\) \{topk = " + str(spec.moe.top_k) + r", offsets = \[-1\]\}",
     ])
     assert "moe.count" not in text and "moe.slot_lists" not in text and "moe.swiglu" not in text
@@ -189,9 +195,35 @@ def test_tile_options_override_defaults():
     assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
     assert ("tile = {block_n = 64, block_k = [16, 16, 16], warps = [2, 2, 2], "
-            "stages = [3, 3, 3], split_k = [4, 4, 1]}") in text
+            "stages = [3, 3, 3], split_k = [4, 4, 1], col_tiles = [1, 1, 1]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
+
+
+def gemm_tiles(spec, pipeline=None) -> list[dict]:
+    module = lower(spec, "cuda", pipeline, tuning=None)[0]
+    return [op.attrs["tile"] for op in module.function().ops
+            if op.NAME == "moe.grouped_gemm_w4a16"]
+
+
+def test_wide_cta_in_prefill_buckets():
+    """The prefill bucket takes the wide CTA: 4 column tiles (fewer where the weight's tile
+    count is not a multiple), warps = column tiles x row halves of 32, 32 k a stage, the ring
+    as deep as 48 KB allows; wide-cols=0 keeps the K-split CTA; blocks other than 32, 64 and
+    decode buckets never take it."""
+    for t in gemm_tiles(MOE):
+        assert (t["col_tiles"], t["warps"][2], t["block_k"][2], t["stages"][2]) == ([1, 1, 4], 4,
+                                                                                     32, 4)
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,wide-cols=2,stages=9},alloc"):
+        # block 64: two row halves; a stage of 2 tiles x 1 KB and 64 rows x 80 B: 6 fit 48 KB
+        assert (t["col_tiles"], t["warps"], t["stages"][2]) == ([1, 1, 2], [4, 4, 4], 6)
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{wide-cols=0},alloc"):
+        assert t["col_tiles"] == [1, 1, 1] and t["stages"] == [8, 8, 5]
+    odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
+                            "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
+                                    "top_k": 2}, "targets": {"cuda": {}}})
+    up, down = gemm_tiles(odd)          # 2 I = 320 columns: 5 tiles; H = 96: 2 tiles
+    assert up["col_tiles"][-1] == 1 and down["col_tiles"][-1] == 2
 
 
 def msd_tile(m: int, pipeline: str | None = None) -> dict:

@@ -77,6 +77,9 @@ ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
 MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
+WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes: 1 or 2 row halves of 32
+WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
+WIDE_TILE = {"block_k": 32, "stages": 4}
 
 
 def align_up(x: int, a: int) -> int:
@@ -133,6 +136,25 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
         return 1
     return doubled_split(tiles, CTAS_PER_SM, lambda sp: splits_evenly(
         k_dim, sp, tile["warps"], tile["block_k"]))
+
+
+def wide_col_tiles(ntiles: int, block: int, edge: int, most: int) -> int:
+    """64-column tiles per CTA of the wide GEMM for a prefill bucket: `most` (halved until it
+    divides the weight's tiles); 1 (the K-split CTA) for decode buckets and other blocks."""
+    if edge <= DECODE_MAX_TOKENS or block not in WIDE_BLOCKS:
+        return 1
+    cols = most
+    while cols > 1 and ntiles % cols:
+        cols //= 2
+    return cols
+
+
+def wide_stages(block: int, col_tiles: int, most: int, block_k: int) -> int:
+    """Ring stages of the wide CTA (one ring for the CTA, each stage holding block_k of its
+    weight tiles and rows): `most`, fewer where the ring would pass the static shared memory."""
+    ks = block_k // 16
+    stage = col_tiles * ks * 512 + block * (32 * ks + RING_ROW_PAD)
+    return max(2, min(most, (SHARED_PER_CTA - 64) // stage))
 
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
@@ -234,7 +256,10 @@ class TilePass(Pass):
         "vec-warps": Option(int, None, "MSD: warps of the vector unit per CTA", choices=MSD_WARPS),
         "cube-warps": Option(int, None, "MSD: warps of the matrix unit per CTA",
                              choices=MSD_WARPS),
-        "warps": Option(int, None, "warps per CTA, splitting its K range", choices=(1, 2, 4, 8)),
+        "warps": Option(int, None, "warps per CTA, splitting its K range (decode buckets)",
+                        choices=(1, 2, 4, 8)),
+        "wide-cols": Option(int, None, "MoE prefill buckets: 64-column tiles per wide CTA (0 or 1: "
+                                       "the K-split CTA)", choices=(0, 1, 2, 4), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
@@ -340,8 +365,29 @@ class TilePass(Pass):
                                     f"over {w} warps of {bk}-deep stages")
             raise PipelineError(f"tile{{split-k={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
+        # prefill buckets: the wide CTA (col_tiles > 1: its warps tile columns and rows, one
+        # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles at index 7,
+        # and then its block_k and stages are the wide CTA's
+        ntiles = -(-n // GEMM_TILE["block_n"])
+        col_tiles = []
+        for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
+            wide = b is not None and len(b) > 7
+            # (an entry without col_tiles was measured with the K-split CTA)
+            cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
+            cols = wide_col_tiles(ntiles, block, edge, cols) if splits[i] == 1 else 1
+            col_tiles.append(cols)
+            if cols == 1:
+                continue
+            bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
+            if (k_dim // 16) % (bk // 16) or spec.quant.group_size % bk:
+                raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
+                                    f"{spec.quant.group_size}, is not a whole number of "
+                                    f"{bk}-deep stages")
+            block_k[i], warps[i] = bk, cols * block // 32
+            stages[i] = wide_stages(block, cols, self.option("stages") or (
+                b[3] if wide else WIDE_TILE["stages"]), bk)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
-                "stages": stages, "split_k": splits}
+                "stages": stages, "split_k": splits, "col_tiles": col_tiles}
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec

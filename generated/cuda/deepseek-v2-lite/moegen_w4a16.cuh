@@ -37,6 +37,16 @@ __device__ __forceinline__ void dequant8(unsigned w, half2 out[4]) {
                    *reinterpret_cast<const half2*>(&ADD));
 }
 
+// An A fragment from dequant8 (rows r, r + 8, r, r + 8) times its rows' scales, given as
+// (scale of r, scale of r + 8).
+__device__ __forceinline__ void scale_frag(half2 frag[4], half2 scales) {
+  const half2 s_lo = __half2half2(scales.x), s_hi = __half2half2(scales.y);
+  frag[0] = __hmul2(frag[0], s_lo);
+  frag[1] = __hmul2(frag[1], s_hi);
+  frag[2] = __hmul2(frag[2], s_lo);
+  frag[3] = __hmul2(frag[3], s_hi);
+}
+
 // D = A (16x16 fp16, row) x B (16x8 fp16, col) + C, fp32 accumulate.
 __device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm volatile(
@@ -80,6 +90,14 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// ldmatrix: four 8x8 fp16 matrices from shared memory; lane l gives the address of row l % 8
+// of matrix l / 8 (16 bytes) and receives, of each matrix, row l / 4, columns 2 (l % 4) and +1
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
 }
 
 // cp.async of 4, 8 or 16 bytes through L1 (for pieces smaller than the 16 bytes `.cg` needs)
@@ -392,13 +410,7 @@ __device__ __forceinline__ void grouped_gemm(
       for (int t = 0; t < 4; ++t) {        // word t: the A fragment of columns 16 t .. 16 t + 15
         half2 frag[4];
         dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 (r = lane / 4)
-        if constexpr (!SCALE_AFTER) {
-          const half2 s_lo = __half2half2(sc[t].x), s_hi = __half2half2(sc[t].y);
-          frag[0] = __hmul2(frag[0], s_lo);
-          frag[1] = __hmul2(frag[1], s_hi);
-          frag[2] = __hmul2(frag[2], s_lo);
-          frag[3] = __hmul2(frag[3], s_hi);
-        }
+        if constexpr (!SCALE_AFTER) scale_frag(frag, sc[t]);
         const unsigned* af = reinterpret_cast<const unsigned*>(frag);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -539,6 +551,200 @@ __device__ __forceinline__ void grouped_gemm(
     for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {   // 8 chunks of 8 columns
       const int col = tile * 64 + (x % 8) * 8;
       if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / 8, col, sum_out);
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
+// 64-column tiles over the whole K; warp (c, h) multiplies column tile c with block rows
+// 32 h .. 32 h + 31. The CTA's threads fill one ring of STAGES shared-memory stages together,
+// each stage KS k16 steps of the COLT weight tiles and the block's rows, so a staged activation
+// row serves COLT x 64 columns and a staged weight tile every row half (the K-split CTA above
+// stages both per warp: at prefill sizes its L2 traffic, not the tensor cores, sets its pace).
+// The rows' B fragments come from ldmatrix; the weights are scaled before the MMA (32 rows a
+// warp leave no registers for per-group partial sums). The epilogue goes through shared memory
+// so that each output row is written in 16-byte pieces.
+template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
+          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+__device__ __forceinline__ void grouped_gemm_wide(
+    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
+    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
+    int* __restrict__ sum_counters = nullptr) {
+  constexpr int ROW_HALVES = BLOCK / 32, WARPS = COLT * ROW_HALVES, THREADS = 32 * WARPS;
+  constexpr int NT = 4;                          // n8 tiles of a warp's 32 rows
+  constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
+  static_assert(BLOCK % 32 == 0 && NTILES % COLT == 0, "whole row halves and column tiles");
+  static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
+  static_assert(STAGES >= 2, "the copy ring needs two stages");
+  // a stage: weights [KS][COLT][32 lanes] x 16 B, then the block's rows, 32 KS bytes of k each,
+  // padded by 16 so that ldmatrix's eight row addresses hit distinct banks
+  constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
+  constexpr int STAGE_BYTES = W_BYTES + BLOCK * A_ROW;
+  constexpr int RING_BYTES = STAGES * STAGE_BYTES;
+  // the epilogue's output rows: per warp 32 rows of OUT_COLS halves, padded by 8
+  constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
+  constexpr int OUT_BYTES = WARPS * 32 * OUT_ROW * 2;
+  __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
+  __shared__ int last_cta;
+
+  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  if (blk * BLOCK >= *total_ptr) return;
+  const int expert = expert_ids[blk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ct = warp % COLT, row_half = warp / COLT;
+  const int tile = col_tile * COLT + ct;                // this warp's 64-column tile
+
+  // copies of one stage, spread over the CTA's threads: weight chunk c (16 B) is lane c % 32 of
+  // tile c / 32 % COLT at step c / (32 COLT); activation chunk c is part c % CHUNKS of row
+  // c / CHUNKS (padding rows copy 0 bytes of row 0 and zero-fill)
+  constexpr int W_CHUNKS = W_BYTES / 16, W_COPIES = (W_CHUNKS + THREADS - 1) / THREADS;
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
+  constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;
+  const half* copy_row[A_COPIES];
+  unsigned copy_bytes[A_COPIES];
+#pragma unroll
+  for (int q = 0; q < A_COPIES; ++q) {
+    const int c = q * THREADS + threadIdx.x;
+    const int slot = c < A_CHUNKS ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
+    copy_bytes[q] = slot < num_slots ? 16u : 0u;
+    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+  }
+  const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
+  auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    const int step = i * KS;
+#pragma unroll
+    for (int q = 0; q < W_COPIES; ++q) {
+      const int c = q * THREADS + threadIdx.x;
+      if (W_CHUNKS % THREADS != 0 && c >= W_CHUNKS) continue;
+      const int sub = c / (32 * COLT);
+      cp_async16(st + 16 * c, w_cta + (size_t)(step + sub) * NTILES * 32 + c % (32 * COLT));
+    }
+#pragma unroll
+    for (int q = 0; q < A_COPIES; ++q) {
+      const int c = q * THREADS + threadIdx.x;
+      if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
+      cp_async16_zfill(st + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS),
+                       copy_row[q] + step * 16, copy_bytes[q]);
+    }
+  };
+
+  // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
+  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
+  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (GROUPS > 1 ? NTILES * 8 : 0));
+
+  // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows 32 row_half + 8 nt .. + 7
+  float acc[4][NT][4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
+
+  // ldmatrix.x4 rows: lane l gives row l % 8 of matrix l / 8 = (n8 tile pair half l / 16,
+  // k half l / 8 % 2), so one call returns b0, b1 of two n8 tiles
+  const int ld_row = row_half * 32 + (lane / 16) * 8 + lane % 8, ld_k = (lane / 8) % 2 * 16;
+  auto multiply_stage = [&](int i) {
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    const half2* sc = reinterpret_cast<const half2*>(&scale_now);  // (column r, r + 8) per t
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub) {
+      const uint4 wv = *reinterpret_cast<const uint4*>(st + (sub * COLT + ct) * 512 + lane * 16);
+      unsigned b[NT][2];
+#pragma unroll
+      for (int p = 0; p < NT / 2; ++p) {
+        unsigned r[4];
+        ldmatrix_x4(r, st + W_BYTES + (ld_row + 16 * p) * A_ROW + sub * 32 + ld_k);
+        b[2 * p][0] = r[0];
+        b[2 * p][1] = r[1];
+        b[2 * p + 1][0] = r[2];
+        b[2 * p + 1][1] = r[3];
+      }
+      const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        half2 frag[4];
+        dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 of the A fragment
+        scale_frag(frag, sc[t]);
+        const unsigned* af = reinterpret_cast<const unsigned*>(frag);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_16816(acc[t][nt], af, b[nt][0], b[nt][1]);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ITERS) issue(s);
+    cp_async_commit();
+  }
+  constexpr int GROUP_ITERS = G / (16 * KS);
+  for (int i = 0; i < ITERS; ++i) {
+    cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
+    __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
+    if (i + STAGES - 1 < ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
+    cp_async_commit();
+    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group
+      const int group = i / GROUP_ITERS;
+      scale_now = scale_next;
+      if (group + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(group + 1) * NTILES * 8);
+    }
+    multiply_stage(i);
+  }
+  cp_async_wait<0>();
+  __syncthreads();                         // the ring is free: the output rows reuse it
+
+  // epilogue: the warp's rows (SwiGLU, or times the routing weight) as fp16 into shared memory,
+  // then out in 16-byte pieces; padding rows write nothing
+  half* rows_out = reinterpret_cast<half*>(smem) + warp * 32 * OUT_ROW;
+  const int kq = 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's 32
+      const int col = lane / 4 + (c >= 2 ? 8 : 0);          // + 16 t
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        if constexpr (EPILOGUE == 1) {     // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
+          if (t < 2)
+            rows_out[r * OUT_ROW + 16 * t + col] =
+                __float2half_rn(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
+        } else {
+          float v = acc[t][nt][c];
+          if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row_half * 32 + r];
+          rows_out[r * OUT_ROW + 16 * t + col] = __float2half_rn(v);
+        }
+      }
+    }
+  __syncwarp();
+  constexpr int OUT_CHUNKS = OUT_COLS / 8;                 // 16-byte pieces of a row
+  for (int x = lane; x < 32 * OUT_CHUNKS; x += 32) {
+    const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
+    const int slot = sorted_ids[blk * BLOCK + row_half * 32 + r];
+    if (slot >= num_slots) continue;
+    int col;
+    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
+    else if constexpr (PERM_GATE_UP) col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
+    else col = tile * 64 + 8 * ch;
+    if (col >= NOUT) continue;
+    *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) =
+        *reinterpret_cast<const uint4*>(rows_out + r * OUT_ROW + 8 * ch);
+  }
+
+  if constexpr (SUM_TOPK > 0) {
+    // the last of the column tile's CTAs to arrive sums the tile for every token
+    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
+    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
+    const int tokens = num_slots / SUM_TOPK;
+    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
+      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
+      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
     }
   }
 }
