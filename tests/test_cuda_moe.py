@@ -144,11 +144,12 @@ WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
 @pytest.mark.parametrize("h,i,e,k,tile", [
     (1024, 512, 8, 2, ""), (1024, 512, 8, 2, "wide-cols=0"), (2048, 768, 64, 2, "moe-block=64"),
     (4096, 1408, 64, 1, "wide-cols=2,stages=2"), (1024, 512, 60, 6, "moe-block=64,block-k=16"),
-    (320, 192, 8, 2, "")])
+    (320, 192, 8, 2, ""), (2048, 768, 64, 2, "moe-block=64,warp-rows=64"),
+    (4096, 1408, 64, 1, "moe-block=64,warp-rows=64,wide-cols=2,block-k=16")])
 def test_prefill_wide_cta(rng, h, i, e, k, tile):
-    """Prefill buckets: the wide CTA (warps over column tiles and row halves, one ring per
-    CTA) with 1 and 2 row halves, 2 and 4 column tiles, 16 or 32 k per stage, against the
-    reference; and the K-split CTA where wide-cols=0."""
+    """Prefill buckets: the wide CTA (warps over column tiles and row groups, one ring per
+    CTA) with 1 and 2 row groups, 32 and 64 rows a warp, 2 and 4 column tiles, 16 or 32 k per
+    stage, against the reference; and the K-split CTA where wide-cols=0."""
     g = 128 if h % 128 == 0 and i % 128 == 0 else 64
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=2048, group=g), pipeline=WIDE % tile)
     up = layer.plan["gemms"][0]["variants"]

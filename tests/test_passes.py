@@ -107,7 +107,8 @@ def test_moe_passes_printed(path):
     wide = spec.tokens.max > 64
     tile = (r"block_k = \[16, 16" + (", 32" if wide else "") + r"\], warps = \[4(, 4)*\], "
             r"stages = \[8, [358]" + (", 4" if wide else "") + r"\], split_k = \[.*\], "
-            r"col_tiles = \[1, 1" + (", 4" if wide else "") + r"\]")
+            r"col_tiles = \[1, 1" + (", 4" if wide else "") + r"\], "
+            r"warp_rows = \[0, 0" + (", 32" if wide else "") + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -195,7 +196,8 @@ def test_tile_options_override_defaults():
     assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
     assert ("tile = {block_n = 64, block_k = [16, 16, 16], warps = [2, 2, 2], "
-            "stages = [3, 3, 3], split_k = [4, 4, 1], col_tiles = [1, 1, 1]}") in text
+            "stages = [3, 3, 3], split_k = [4, 4, 1], col_tiles = [1, 1, 1], "
+            "warp_rows = [0, 0, 0]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -213,10 +215,14 @@ def test_wide_cta_in_prefill_buckets():
     decode buckets never take it."""
     for t in gemm_tiles(MOE):
         assert (t["col_tiles"], t["warps"][2], t["block_k"][2], t["stages"][2]) == ([1, 1, 4], 4,
-                                                                                     32, 4)
+                                                                                 32, 4)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,wide-cols=2,stages=9},alloc"):
-        # block 64: two row halves; a stage of 2 tiles x 1 KB and 64 rows x 80 B: 6 fit 48 KB
+        # block 64: two row groups; a stage of 2 tiles x 1 KB and 64 rows x 80 B: 6 fit 48 KB
         assert (t["col_tiles"], t["warps"], t["stages"][2]) == ([1, 1, 2], [4, 4, 4], 6)
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,warp-rows=64},alloc"):
+        assert (t["col_tiles"], t["warp_rows"], t["warps"]) == ([1, 1, 4], [0, 0, 64], [4, 4, 4])
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{warp-rows=64},alloc"):
+        assert t["warp_rows"] == [0, 0, 32]          # a block of 32 rows: 32 a warp
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{wide-cols=0},alloc"):
         assert t["col_tiles"] == [1, 1, 1] and t["stages"] == [8, 8, 5]
     odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},

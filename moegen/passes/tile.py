@@ -79,7 +79,8 @@ MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes: 1 or 2 row halves of 32
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
-WIDE_TILE = {"block_k": 32, "stages": 4}
+WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
+WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
 
 
 def align_up(x: int, a: int) -> int:
@@ -258,6 +259,8 @@ class TilePass(Pass):
                              choices=MSD_WARPS),
         "warps": Option(int, None, "warps per CTA, splitting its K range (decode buckets)",
                         choices=(1, 2, 4, 8)),
+        "warp-rows": Option(int, None, "MoE prefill buckets: rows per warp of the wide CTA",
+                            choices=WIDE_WARP_ROWS),
         "wide-cols": Option(int, None, "MoE prefill buckets: 64-column tiles per wide CTA (0 or 1: "
                                        "the K-split CTA)", choices=(0, 1, 2, 4), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
@@ -366,16 +369,18 @@ class TilePass(Pass):
             raise PipelineError(f"tile{{split-k={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
         # prefill buckets: the wide CTA (col_tiles > 1: its warps tile columns and rows, one
-        # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles at index 7,
-        # and then its block_k and stages are the wide CTA's
+        # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles and
+        # warp_rows at index 7 and 8, and then its block_k and stages are the wide CTA's
         ntiles = -(-n // GEMM_TILE["block_n"])
-        col_tiles = []
+        col_tiles, warp_rows = [], []
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
             cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
             cols = wide_col_tiles(ntiles, block, edge, cols) if splits[i] == 1 else 1
             col_tiles.append(cols)
+            rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
+            warp_rows.append(rows)
             if cols == 1:
                 continue
             bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
@@ -383,11 +388,12 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                     f"{spec.quant.group_size}, is not a whole number of "
                                     f"{bk}-deep stages")
-            block_k[i], warps[i] = bk, cols * block // 32
+            block_k[i], warps[i] = bk, cols * block // rows
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
-                "stages": stages, "split_k": splits, "col_tiles": col_tiles}
+                "stages": stages, "split_k": splits, "col_tiles": col_tiles,
+                "warp_rows": warp_rows}
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec

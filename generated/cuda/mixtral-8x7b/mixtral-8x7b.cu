@@ -299,13 +299,13 @@ moe_gemm_gate_up_b16_s1_p8(const half* a, const uint4* w, const uint4* scales, c
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// gate_up: K = 4096, 448 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row halves of 32, one warp each, 4 ring stages of 32 k
+// gate_up: K = 4096, 448 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row groups of 32, one warp each, 4 ring stages of 32 k
 // (partials and counters unused: every GEMM launch passes the same arguments)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_gate_up_b32_c4_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_gate_up_b32_c4_r32_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm_wide<32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
+  moegen::grouped_gemm_wide<32, 32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
@@ -327,13 +327,13 @@ moe_gemm_down_b16_s1_p8(const half* a, const uint4* w, const uint4* scales, cons
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row halves of 32, one warp each, 4 ring stages of 32 k
+// down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row groups of 32, one warp each, 4 ring stages of 32 k
 // (partials and counters unused: every GEMM launch passes the same arguments)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b32_c4_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_down_b32_c4_r32_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm_wide<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true>(
+  moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 

@@ -559,14 +559,15 @@ __device__ __forceinline__ void grouped_gemm(
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
 // 64-column tiles over the whole K; warp (c, h) multiplies column tile c with block rows
-// 32 h .. 32 h + 31. The CTA's threads fill one ring of STAGES shared-memory stages together,
-// each stage KS k16 steps of the COLT weight tiles and the block's rows, so a staged activation
-// row serves COLT x 64 columns and a staged weight tile every row half (the K-split CTA above
-// stages both per warp: at prefill sizes its L2 traffic, not the tensor cores, sets its pace).
-// The rows' B fragments come from ldmatrix; the weights are scaled before the MMA (32 rows a
-// warp leave no registers for per-group partial sums). The epilogue goes through shared memory
-// so that each output row is written in 16-byte pieces.
-template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
+// WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization per MMA at
+// twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
+// stages together, each stage KS k16 steps of the COLT weight tiles and the block's rows, so a
+// staged activation row serves COLT x 64 columns and a staged weight tile every row group (the
+// K-split CTA above stages both per warp: at prefill sizes its L2 traffic, not the tensor
+// cores, sets its pace). The rows' B fragments come from ldmatrix; the weights are scaled before
+// the MMA (a warp's rows leave no registers for per-group partial sums). The epilogue goes
+// through shared memory so that each output row is written in 16-byte pieces.
+template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
           int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
@@ -574,10 +575,11 @@ __device__ __forceinline__ void grouped_gemm_wide(
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
     half* __restrict__ out, half* __restrict__ sum_out = nullptr,
     int* __restrict__ sum_counters = nullptr) {
-  constexpr int ROW_HALVES = BLOCK / 32, WARPS = COLT * ROW_HALVES, THREADS = 32 * WARPS;
-  constexpr int NT = 4;                          // n8 tiles of a warp's 32 rows
+  constexpr int ROW_GROUPS = BLOCK / WARP_ROWS, WARPS = COLT * ROW_GROUPS, THREADS = 32 * WARPS;
+  constexpr int NT = WARP_ROWS / 8;              // n8 tiles of a warp's rows
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
-  static_assert(BLOCK % 32 == 0 && NTILES % COLT == 0, "whole row halves and column tiles");
+  static_assert((WARP_ROWS == 32 || WARP_ROWS == 64) && BLOCK % WARP_ROWS == 0 &&
+                NTILES % COLT == 0, "whole row groups of 32 or 64 and whole column tiles");
   static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
   // a stage: weights [KS][COLT][32 lanes] x 16 B, then the block's rows, 32 KS bytes of k each,
@@ -585,9 +587,9 @@ __device__ __forceinline__ void grouped_gemm_wide(
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
   constexpr int STAGE_BYTES = W_BYTES + BLOCK * A_ROW;
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-  // the epilogue's output rows: per warp 32 rows of OUT_COLS halves, padded by 8
+  // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
-  constexpr int OUT_BYTES = WARPS * 32 * OUT_ROW * 2;
+  constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
   __shared__ int last_cta;
 
@@ -595,7 +597,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int ct = warp % COLT, row_half = warp / COLT;
+  const int ct = warp % COLT, row0 = warp / COLT * WARP_ROWS;   // column tile, first row
   const int tile = col_tile * COLT + ct;                // this warp's 64-column tile
 
   // copies of one stage, spread over the CTA's threads: weight chunk c (16 B) is lane c % 32 of
@@ -637,7 +639,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
   uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (GROUPS > 1 ? NTILES * 8 : 0));
 
-  // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows 32 row_half + 8 nt .. + 7
+  // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
   float acc[4][NT][4];
 #pragma unroll
   for (int t = 0; t < 4; ++t)
@@ -648,7 +650,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
   // ldmatrix.x4 rows: lane l gives row l % 8 of matrix l / 8 = (n8 tile pair half l / 16,
   // k half l / 8 % 2), so one call returns b0, b1 of two n8 tiles
-  const int ld_row = row_half * 32 + (lane / 16) * 8 + lane % 8, ld_k = (lane / 8) % 2 * 16;
+  const int ld_row = row0 + (lane / 16) * 8 + lane % 8, ld_k = (lane / 8) % 2 * 16;
   auto multiply_stage = [&](int i) {
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const half2* sc = reinterpret_cast<const half2*>(&scale_now);  // (column r, r + 8) per t
@@ -701,13 +703,13 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
   // epilogue: the warp's rows (SwiGLU, or times the routing weight) as fp16 into shared memory,
   // then out in 16-byte pieces; padding rows write nothing
-  half* rows_out = reinterpret_cast<half*>(smem) + warp * 32 * OUT_ROW;
+  half* rows_out = reinterpret_cast<half*>(smem) + warp * WARP_ROWS * OUT_ROW;
   const int kq = 2 * (lane % 4);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's 32
+      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's
       const int col = lane / 4 + (c >= 2 ? 8 : 0);          // + 16 t
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
@@ -717,16 +719,16 @@ __device__ __forceinline__ void grouped_gemm_wide(
                 __float2half_rn(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
         } else {
           float v = acc[t][nt][c];
-          if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row_half * 32 + r];
+          if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row0 + r];
           rows_out[r * OUT_ROW + 16 * t + col] = __float2half_rn(v);
         }
       }
     }
   __syncwarp();
   constexpr int OUT_CHUNKS = OUT_COLS / 8;                 // 16-byte pieces of a row
-  for (int x = lane; x < 32 * OUT_CHUNKS; x += 32) {
+  for (int x = lane; x < WARP_ROWS * OUT_CHUNKS; x += 32) {
     const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
-    const int slot = sorted_ids[blk * BLOCK + row_half * 32 + r];
+    const int slot = sorted_ids[blk * BLOCK + row0 + r];
     if (slot >= num_slots) continue;
     int col;
     if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;

@@ -78,21 +78,21 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             sum_topk=int(op.attr("sum_topk")) if op.attr("epilogue") == "topk_sum" else 0,
             perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
-        cols_per_bucket = tile.get("col_tiles", [1] * len(tile["split_k"]))
-        for (edge, block), split, stages, warps, block_k, cols in zip(
+        for (edge, block), split, stages, warps, block_k, cols, rows in zip(
                 op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
-                tile["block_k"], cols_per_bucket):
+                tile["block_k"], tile["col_tiles"], tile["warp_rows"]):
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
+            # and rows per warp
             if cols > 1:
-                kernel = f"moe_gemm_{g.name}_b{block}_c{cols}_p{stages}_k{block_k}"
+                kernel = f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
             else:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
                           + (f"_w{warps}" if warps != GEMM_TILE["warps"] else ""))
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
-                               "col_tiles": cols, "kernel": kernel})
+                               "col_tiles": cols, "warp_rows": rows, "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
