@@ -24,6 +24,13 @@ MoE (`moe_w4a16`):
   split over CTAs until about four CTAs per SM are busy; otherwise 1 (measured: splitting
   when every SM already has a tile only adds the reduction). K/16 must divide evenly over
   split_k x warps (warps drop to 2 or 1 when it does not).
+  Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
+  bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
+  tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps
+  = col_tiles x block / warp_rows over the whole K, one ring of 4 stages of 32 k for the CTA
+  (``stages`` and ``block-k`` set them, the ring capped at 48 KB); ``wide-cols=0`` keeps the
+  K-split CTA. Measured on the H200: 1.3-1.8x faster than the K-split CTA at T = 65..2048 on
+  the three example models (docs/PERF.md).
 - Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
   order-preserving integer keys, two per pick; measured 1 to 1.4 us faster than shuffle per
   decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
