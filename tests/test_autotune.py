@@ -126,7 +126,7 @@ def test_compile_uses_the_tuned_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [724, 32] in json.loads((out / "qwen3-30b-a3b.launch.json").read_text())["buckets"]
     # without a database the defaults stand
-    assert "[[16, 8], [64, 8], [8192, 32]]" in str(lower(QWEN, "cuda")[0])
+    assert "[[16, 8], [64, 8], [128, 8], [8192, 32]]" in str(lower(QWEN, "cuda")[0])
 
 
 def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
@@ -136,7 +136,7 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
     default = str(lower(QWEN, "cuda")[0])
-    assert "stages = [8, 8, 4]" in default and "col_tiles = [1, 1, 4]" in default
+    assert "stages = [8, 8, 8, 4]" in default and "col_tiles = [1, 1, 1, 4]" in default
     # an entry measured before the wide CTA (no col_tiles) keeps the K-split CTA it measured
     assert "col_tiles = [1, 1, 1, 1, 1]" in text
 

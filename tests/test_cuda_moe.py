@@ -1,4 +1,6 @@
 """The CUDA MoE layer against the numpy reference (run with -m gpu on a GPU machine)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -129,7 +131,7 @@ BLOCK_K32 = "fuse-align,fuse-swiglu,tile{block-k=32},alloc"
 def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
     """tile{block-k=32}: the same layer with two k16 steps in each cp.async ring stage."""
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=1024, group=g), pipeline=BLOCK_K32)
-    assert "block_k = [32, 32, 32]" in layer.program.ir
+    assert re.search(r"block_k = \[32(, 32){2,}\]", layer.program.ir)    # in every bucket
     host = moe_weights(rng, e, h, i, g)
     packed = layer.pack(*host)
     for t in (1, 16, 33, 222, 1024):
@@ -154,7 +156,7 @@ def test_prefill_wide_cta(rng, h, i, e, k, tile):
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=2048, group=g), pipeline=WIDE % tile)
     up = layer.plan["gemms"][0]["variants"]
     assert (up[-1]["col_tiles"] == 1) == ("wide-cols=0" in tile)
-    assert [v["col_tiles"] for v in up[:-1]] == [1] * (len(up) - 1)     # decode buckets
+    assert all(v["col_tiles"] == 1 for v in up if v["max_tokens"] <= 64)   # decode buckets
     host = moe_weights(rng, e, h, i, g)
     packed = layer.pack(*host)
     for t in (65, 222, 1024, 2048):

@@ -100,15 +100,22 @@ def test_moe_passes_printed(path):
     assert parse(text).verify() is None and str(parse(text)) == text
     fixed = spec.moe.block_size
     mid = 16 if spec.moe.top_k * 64 > 8 * spec.moe.num_experts else 8   # Mixtral: 16 slots/expert
+    # above T = 64, block 8 while an average expert gets at most 8 slots (Qwen3: up to 128)
+    tail = 8 * spec.moe.num_experts // spec.moe.top_k
+    tail = tail if 64 < tail < spec.tokens.max else None
     buckets = f"[[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else \
-        f"[[16, {fixed or 8}], [64, {fixed or mid}], [{spec.tokens.max}, {fixed or 32}]]"
+        f"[[16, {fixed or 8}], [64, {fixed or mid}], " + (f"[{tail}, {fixed or 8}], " if tail
+                                                         else "") + \
+        f"[{spec.tokens.max}, {fixed or 32}]]"
     # decode buckets: the K-split CTA (16 k a stage, 4 warps, 8 stages where shared memory
     # holds them); the prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
     wide = spec.tokens.max > 64
-    tile = (r"block_k = \[16, 16" + (", 32" if wide else "") + r"\], warps = \[4(, 4)*\], "
-            r"stages = \[8, [358]" + (", 4" if wide else "") + r"\], split_k = \[.*\], "
-            r"col_tiles = \[1, 1" + (", 4" if wide else "") + r"\], "
-            r"warp_rows = \[0, 0" + (", 32" if wide else "") + r"\]")
+    narrow = ", 16" if tail else ""
+    tile = (r"block_k = \[16, 16" + narrow + (", 32" if wide else "") + r"\], warps = \[4(, 4)*\], "
+            r"stages = \[8, [358]" + (", 8" if tail else "") + (", 4" if wide else "")
+            + r"\], split_k = \[.*\], "
+            r"col_tiles = \[1, 1" + (", 1" if tail else "") + (", 4" if wide else "") + r"\], "
+            r"warp_rows = \[0, 0" + (", 0" if tail else "") + (", 32" if wide else "") + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -193,11 +200,11 @@ def test_router_choices_recorded_by_tile():
 def test_tile_options_override_defaults():
     module, _, _ = lower(MOE, "cuda", "tile{moe-block=16,warps=2,split-k=4,stages=3}")
     text = str(module)
-    assert "block_buckets = [[16, 16], [64, 16], [8192, 16]]" in text
+    assert "block_buckets = [[16, 16], [64, 16], [128, 16], [8192, 16]]" in text
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
-    assert ("tile = {block_n = 64, block_k = [16, 16, 16], warps = [2, 2, 2], "
-            "stages = [3, 3, 3], split_k = [4, 4, 1], col_tiles = [1, 1, 1], "
-            "warp_rows = [0, 0, 0]}") in text
+    assert ("tile = {block_n = 64, block_k = [16, 16, 16, 16], warps = [2, 2, 2, 2], "
+            "stages = [3, 3, 3, 3], split_k = [4, 4, 1, 1], col_tiles = [1, 1, 1, 1], "
+            "warp_rows = [0, 0, 0, 0]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -213,18 +220,21 @@ def test_wide_cta_in_prefill_buckets():
     count is not a multiple), warps = column tiles x row halves of 32, 32 k a stage, the ring
     as deep as 48 KB allows; wide-cols=0 keeps the K-split CTA; blocks other than 32, 64 and
     decode buckets never take it."""
+    # (Qwen3: buckets up to 16, 64, 128 with block 8, then prefill with block 32)
     for t in gemm_tiles(MOE):
-        assert (t["col_tiles"], t["warps"][2], t["block_k"][2], t["stages"][2]) == ([1, 1, 4], 4,
-                                                                                 32, 4)
+        assert (t["col_tiles"], t["warps"][-1], t["block_k"][-1], t["stages"][-1]) == (
+            [1, 1, 1, 4], 4, 32, 4)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,wide-cols=2,stages=9},alloc"):
-        # block 64: two row groups; a stage of 2 tiles x 1 KB and 64 rows x 80 B: 6 fit 48 KB
-        assert (t["col_tiles"], t["warps"], t["stages"][2]) == ([1, 1, 2], [4, 4, 4], 6)
+        # block 64 in every bucket: those above T = 64 take the wide CTA, two row groups; a
+        # stage of 2 tiles x 1 KB and 64 rows x 80 B: 6 fit 48 KB
+        assert (t["col_tiles"], t["warps"], t["stages"][2:]) == ([1, 1, 2, 2], [4] * 4, [6, 6])
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,warp-rows=64},alloc"):
-        assert (t["col_tiles"], t["warp_rows"], t["warps"]) == ([1, 1, 4], [0, 0, 64], [4, 4, 4])
+        assert (t["col_tiles"], t["warp_rows"], t["warps"]) == ([1, 1, 4, 4], [0, 0, 64, 64],
+                                                                [4] * 4)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{warp-rows=64},alloc"):
-        assert t["warp_rows"] == [0, 0, 32]          # a block of 32 rows: 32 a warp
+        assert t["warp_rows"] == [0, 0, 0, 32]       # a block of 32 rows: 32 a warp
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{wide-cols=0},alloc"):
-        assert t["col_tiles"] == [1, 1, 1] and t["stages"] == [8, 8, 5]
+        assert t["col_tiles"] == [1, 1, 1, 1] and t["stages"] == [8, 8, 8, 5]
     odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
                             "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
                                     "top_k": 2}, "targets": {"cuda": {}}})

@@ -11,7 +11,11 @@ MoE (`moe_w4a16`):
   the seed: 8 for decode-sized calls, 32 for prefill (T > 64). Decode is split at T = 16 and 64;
   a decode bucket whose largest call routes more than 8 slots to an average expert
   (T * top_k / E > 8, e.g. Mixtral at T = 64) takes the next power of two up to 32, so each
-  expert's weights are read by one block instead of several. A spec with `moe.block_size` or
+  expert's weights are read by one block instead of several. Where an average expert still
+  gets at most 8 slots above T = 64 (T <= 8 E / top_k: Qwen3 128, DeepSeek 85), a bucket up to
+  that T keeps block 8 and the K-split CTA (measured on the H200: at T = 65 Qwen3 121.5 against
+  163.5 us with the wide CTA, DeepSeek 120.3 against 155.1; at T = 128 Qwen3 156.9 against
+  165.6, while DeepSeek at 12 slots an expert is faster wide, 156.9 against 179.1). A spec with `moe.block_size` or
   the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), then one entry per bucket in each list: k per
@@ -69,6 +73,7 @@ from .manager import Context, Option, Pass, PipelineError
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
+NARROW_MAX_SLOTS = 8       # above T = 64, block 8 while an average expert gets this many slots
 PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
@@ -106,14 +111,22 @@ def decode_block(tokens: int, top_k: int, experts: int) -> int:
     return block
 
 
+def narrow_tail_edge(top_k: int, experts: int) -> int:
+    """The largest call whose average expert gets at most NARROW_MAX_SLOTS slots."""
+    return NARROW_MAX_SLOTS * experts // top_k
+
+
 def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
-    """[[max_tokens, block], ...]: the decode buckets, then prefill up to tokens.max."""
+    """[[max_tokens, block], ...]: the decode buckets, a bucket of block 8 up to the call whose
+    average expert gets 8 slots where that lies above T = 64, then prefill up to tokens.max."""
     fixed = fixed or spec.moe.block_size
     m, top = spec.moe, spec.tokens.max
-    edges = [e for e in DECODE_EDGES if e < top] + [top]
+    tail = narrow_tail_edge(m.top_k, m.num_experts)
+    edges = ([e for e in DECODE_EDGES if e < top]
+             + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
     buckets = []
     for edge in edges:
-        block = (PREFILL_BLOCK if edge > DECODE_MAX_TOKENS else
+        block = (PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) else
                  decode_block(edge, m.top_k, m.num_experts))
         buckets.append([edge, fixed or block])
     return buckets
