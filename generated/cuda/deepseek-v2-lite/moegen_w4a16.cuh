@@ -559,16 +559,16 @@ __device__ __forceinline__ void grouped_gemm(
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
 // 64-column tiles over the whole K; warp (c, h) multiplies column tile c with block rows
-// WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization per MMA at
-// twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
+// WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
+// at twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
 // stages together, each stage KS k16 steps of the COLT weight tiles and the block's rows, so a
 // staged activation row serves COLT x 64 columns and a staged weight tile every row group (the
 // K-split CTA above stages both per warp: at prefill sizes its L2 traffic, not the tensor
 // cores, sets its pace). The rows' B fragments come from ldmatrix; the weights are scaled before
 // the MMA (a warp's rows leave no registers for per-group partial sums). The epilogue goes
 // through shared memory so that each output row is written in 16-byte pieces.
-template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
-          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
+          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -732,7 +732,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
     if (slot >= num_slots) continue;
     int col;
     if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
-    else if constexpr (PERM_GATE_UP) col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
+    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
+      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
     else col = tile * 64 + 8 * ch;
     if (col >= NOUT) continue;
     *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) =
