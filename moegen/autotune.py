@@ -337,7 +337,6 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
 def msd_default_config(spec: Spec) -> dict:
     """The config (as recorded) the tile pass picks for an MSD spec without a database."""
     from .passes.pipelines import lower
-    from .passes.tile import GEMM_TILE
     module = lower(spec, "cuda", tuning=None)[0]
     tile = module.function().op("msd.group_loop").attrs["tile"]
     if spec.lowering == "dequant":

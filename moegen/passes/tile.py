@@ -15,8 +15,8 @@ MoE (`moe_w4a16`):
   gets at most 8 slots above T = 64 (T <= 8 E / top_k: Qwen3 128, DeepSeek 85), a bucket up to
   that T keeps block 8 and the K-split CTA (measured on the H200: at T = 65 Qwen3 121.5 against
   163.5 us with the wide CTA, DeepSeek 120.3 against 155.1; at T = 128 Qwen3 156.9 against
-  165.6, while DeepSeek at 12 slots an expert is faster wide, 156.9 against 179.1). A spec with `moe.block_size` or
-  the option ``moe-block=N`` uses that block in every bucket.
+  165.6, while DeepSeek at 12 slots an expert is faster wide, 156.9 against 179.1). A spec
+  with `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), then one entry per bucket in each list: k per
   ring stage (16; block-k=32 puts two k16 steps in each stage: fewer waits and barriers per
@@ -89,7 +89,7 @@ ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
 MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
-WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes: 1 or 2 row halves of 32
+WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 row groups of 32)
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies

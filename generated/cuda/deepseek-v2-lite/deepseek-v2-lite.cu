@@ -280,7 +280,9 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Grouped W4A16 GEMMs (the mainloop is moegen::grouped_gemm in moegen_w4a16.cuh)
+// Grouped W4A16 GEMMs (the mainloops are moegen::grouped_gemm, the K-split CTA, and
+// moegen::grouped_gemm_wide, the wide CTA of prefill buckets, in moegen_w4a16.cuh). Every GEMM
+// kernel takes the same arguments (the wide CTA uses no partials or counters).
 // gate_up: K = 2048, 44 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
@@ -291,7 +293,6 @@ moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, co
 }
 
 // gate_up: K = 2048, 44 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row groups of 32, one warp each, 4 ring stages of 32 k
-// (partials and counters unused: every GEMM launch passes the same arguments)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_c4_r32_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -310,7 +311,6 @@ moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const
 }
 
 // down: K = 1408, 32 tiles of 64 columns, block 32; wide CTA: 4 column tiles x 1 row groups of 32, one warp each, 4 ring stages of 32 k
-// (partials and counters unused: every GEMM launch passes the same arguments)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b32_c4_r32_p4_k32(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

@@ -290,7 +290,8 @@ class MoeW4A16:
                         (weights.w2, weights.w2_scales))
                 dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
                 summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
-                self.kernels[v["kernel"]]((blocks, g["ntiles"] // v["col_tiles"], v["split"]), (v["warps"] * 32,),
+                grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
+                self.kernels[v["kernel"]](grid, (v["warps"] * 32,),
                                           (src, w, s, sorted_ids, expert_ids, total, wflat,
                                            np.int32(slots), dst, partials, counters, *summed))
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
