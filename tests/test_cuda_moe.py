@@ -143,19 +143,27 @@ def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
 
 
-@pytest.mark.parametrize("h,i,e,k,tile", [
-    (1024, 512, 8, 2, ""), (1024, 512, 8, 2, "wide-cols=0"), (2048, 768, 64, 2, "moe-block=64"),
-    (4096, 1408, 64, 1, "wide-cols=2,stages=2"), (1024, 512, 60, 6, "moe-block=64,block-k=16"),
-    (320, 192, 8, 2, ""), (2048, 768, 64, 2, "moe-block=64,warp-rows=64"),
-    (4096, 1408, 64, 1, "moe-block=64,warp-rows=64,wide-cols=2,block-k=16")])
-def test_prefill_wide_cta(rng, h, i, e, k, tile):
+@pytest.mark.parametrize("h,i,e,k,tile,wgmma", [
+    (1024, 512, 8, 2, "", True), (1024, 512, 8, 2, "wgmma=0", False),
+    (1024, 512, 8, 2, "wide-cols=0", False), (2048, 768, 64, 2, "moe-block=64", False),
+    (4096, 1408, 64, 1, "wide-cols=2,stages=2", False),
+    (1024, 512, 60, 6, "moe-block=64,block-k=16", False), (320, 192, 8, 2, "", False),
+    (2048, 768, 64, 2, "moe-block=64,warp-rows=64", True),
+    (2048, 768, 64, 2, "moe-block=64,warp-rows=64,wgmma=0", False),
+    (4096, 1408, 64, 1, "stages=6", True), (4096, 1408, 60, 6, "stages=3", True),
+    (4096, 1408, 64, 1, "moe-block=64,warp-rows=64,wide-cols=2,block-k=16", False)])
+def test_prefill_wide_cta(rng, h, i, e, k, tile, wgmma):
     """Prefill buckets: the wide CTA (warps over column tiles and row groups, one ring per
     CTA) with 1 and 2 row groups, 32 and 64 rows a warp, 2 and 4 column tiles, 16 or 32 k per
-    stage, against the reference; and the K-split CTA where wide-cols=0."""
+    stage, on mma.sync and (4 column tiles of 32 or 64 rows, sm_90a) on warpgroup MMA with 3 to
+    6 ring stages, against the reference; and the K-split CTA where wide-cols=0."""
     g = 128 if h % 128 == 0 and i % 128 == 0 else 64
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=2048, group=g), pipeline=WIDE % tile)
     up = layer.plan["gemms"][0]["variants"]
     assert (up[-1]["col_tiles"] == 1) == ("wide-cols=0" in tile)
+    assert up[-1]["wgmma"] == wgmma
+    if cp.cuda.Device().compute_capability == "90":
+        assert layer.arch == "sm_90a"          # compiled with warpgroup MMA available
     assert all(v["col_tiles"] == 1 for v in up if v["max_tokens"] <= 64)   # decode buckets
     host = moe_weights(rng, e, h, i, g)
     packed = layer.pack(*host)

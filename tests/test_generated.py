@@ -76,7 +76,7 @@ def write_emitted(files: dict, stem: str, out_dir) -> object:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])   # sm_90a: warpgroup MMA
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)
 def test_nvcc_compiles_without_spills(tmp_path, name, arch):
     log = nvcc_build(GENERATED / "cuda" / name / f"{name}.cu", tmp_path, arch)
@@ -126,11 +126,12 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("tile", ["block-k=32", "block-k=32,warps=2"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+@pytest.mark.parametrize("tile", ["block-k=32", "block-k=32,warps=2", "moe-block=64,warp-rows=64",
+                                  "stages=6"])
 def test_nvcc_compiles_the_swept_gemm_tiles(tmp_path, arch, tile):
-    """The sweep's tiles (k per stage, warps) for the largest example: builds, no spills, rings
-    within 48 KB."""
+    """The sweep's tiles (k per stage, warps; block 64 and 6 stages on the warpgroup MMA kernel
+    where sm_90a has it) for the largest example: builds, no spills, rings within 48 KB."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda", f"fuse-align,fuse-swiglu,tile{{{tile}}},alloc")
     log = nvcc_build(write_emitted(files, "mixtral-8x7b", tmp_path), tmp_path, arch)
@@ -159,12 +160,16 @@ def test_fused_topk_sum_plan():
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
         assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
-        # the K-split call ends its template arguments with DENSE = false, the wide one with
-        # MUL_WEIGHTS = true; then SUM_TOPK = 2
+        # the K-split call ends its template arguments with DENSE = false, the wide ones with
+        # MUL_WEIGHTS = true; then SUM_TOPK = 2 (the warpgroup MMA kernel for sm_90a, else the
+        # wide CTA on mma.sync, with the same arguments)
+        wide = r"grouped_gemm_wide<.*true, 2>\(\s*"
+        if v["wgmma"]:
+            wide = r"grouped_gemm_wgmma<.*true, 2>\(\s*#else\s*moegen::" + wide + r"#endif\s*"
         call = (r"false, 2>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
-                else r"grouped_gemm_wide<.*true, 2>\(\s*a, w, .*out,\s*sum_out, sum_counters\);")
+                else wide + r"a, w, .*out,\s*sum_out, sum_counters\);")
         assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
-    assert down["variants"][-1]["col_tiles"] == 4
+    assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:
         assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
     assert plan["gemms"][1]["variants"][0]["split"] > 1

@@ -204,7 +204,7 @@ def test_tile_options_override_defaults():
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
     assert ("tile = {block_n = 64, block_k = [16, 16, 16, 16], warps = [2, 2, 2, 2], "
             "stages = [3, 3, 3, 3], split_k = [4, 4, 1, 1], col_tiles = [1, 1, 1, 1], "
-            "warp_rows = [0, 0, 0, 0]}") in text
+            "warp_rows = [0, 0, 0, 0], wgmma = [false, false, false, false]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 

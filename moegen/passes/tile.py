@@ -93,6 +93,7 @@ WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 ro
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
+WGMMA_TILE = {"col_tiles": 4, "wgmma": 1}   # the wide tile the warpgroup MMA kernel takes
 
 
 def align_up(x: int, a: int) -> int:
@@ -283,6 +284,9 @@ class TilePass(Pass):
                             choices=WIDE_WARP_ROWS),
         "wide-cols": Option(int, None, "MoE prefill buckets: 64-column tiles per wide CTA (0 or 1: "
                                        "the K-split CTA)", choices=(0, 1, 2, 4), minimum=0),
+        "wgmma": Option(int, None, "MoE prefill buckets: 1 runs the wide CTA on warpgroup MMA where "
+                                   "its tile allows and the GPU has it (sm_90a); 0 mma.sync only",
+                        choices=(0, 1), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
@@ -392,7 +396,7 @@ class TilePass(Pass):
         # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles and
         # warp_rows at index 7 and 8, and then its block_k and stages are the wide CTA's
         ntiles = -(-n // GEMM_TILE["block_n"])
-        col_tiles, warp_rows = [], []
+        col_tiles, warp_rows, wgmma = [], [], []
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
@@ -402,6 +406,7 @@ class TilePass(Pass):
             rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
             warp_rows.append(rows)
             if cols == 1:
+                wgmma.append(False)
                 continue
             bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
             if (k_dim // 16) % (bk // 16) or spec.quant.group_size % bk:
@@ -411,9 +416,16 @@ class TilePass(Pass):
             block_k[i], warps[i] = bk, cols * block // rows
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
+            # the warpgroup MMA kernel: 4 column tiles, every row of the block in each warp, two
+            # or more k16 steps a stage, a stage for the running MMA besides those in flight (a
+            # tuning entry without index 9 was measured on mma.sync)
+            fits = (cols == WGMMA_TILE["col_tiles"] and rows == block and bk % 32 == 0
+                    and stages[i] >= 3)
+            wg = bool(pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))
+            wgmma.append(wg and fits)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
                 "stages": stages, "split_k": splits, "col_tiles": col_tiles,
-                "warp_rows": warp_rows}
+                "warp_rows": warp_rows, "wgmma": wgmma}
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec

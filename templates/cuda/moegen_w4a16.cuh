@@ -557,6 +557,72 @@ __device__ __forceinline__ void grouped_gemm(
 
 
 // ---------------------------------------------------------------------------------------------
+// The wide CTAs' epilogue: each warp's accumulators (acc[t][nt]: columns 16 t .. 16 t + 15 of
+// its 64-column tile, rows row0 + 8 nt .. + 7) as fp16 into shared memory (SwiGLU, or times the
+// routing weight), then out in 16-byte pieces; padding rows write nothing. SUM_TOPK > 0: the
+// last of the column tile's CTAs to arrive sums the tile for every token. `smem`: at least
+// WARPS x WARP_ROWS x (OUT_COLS + 8) halves, free (the caller synchronised after its ring).
+template <int BLOCK, int WARP_ROWS, int COLT, int NOUT, int EPILOGUE, bool PERM_GATE_UP,
+          bool MUL_WEIGHTS, int SUM_TOPK>
+__device__ __forceinline__ void wide_epilogue(
+    const float (&acc)[4][WARP_ROWS / 8][4], unsigned char* smem, int row0, int tile,
+    const int* __restrict__ sorted_ids, const int* __restrict__ total_ptr,
+    const float* __restrict__ weights_flat, int num_slots, half* __restrict__ out,
+    half* __restrict__ sum_out, int* __restrict__ sum_counters) {
+  constexpr int NT = WARP_ROWS / 8, THREADS = 32 * COLT * (BLOCK / WARP_ROWS);
+  constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
+  __shared__ int last_cta;
+  const int blk = blockIdx.x, col_tile = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  half* rows_out = reinterpret_cast<half*>(smem) + warp * WARP_ROWS * OUT_ROW;
+  const int kq = 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's
+      const int col = lane / 4 + (c >= 2 ? 8 : 0);          // + 16 t
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        if constexpr (EPILOGUE == 1) {     // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
+          if (t < 2)
+            rows_out[r * OUT_ROW + 16 * t + col] =
+                __float2half_rn(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
+        } else {
+          float v = acc[t][nt][c];
+          if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row0 + r];
+          rows_out[r * OUT_ROW + 16 * t + col] = __float2half_rn(v);
+        }
+      }
+    }
+  __syncwarp();
+  constexpr int OUT_CHUNKS = OUT_COLS / 8;                 // 16-byte pieces of a row
+  for (int x = lane; x < WARP_ROWS * OUT_CHUNKS; x += 32) {
+    const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
+    const int slot = sorted_ids[blk * BLOCK + row0 + r];
+    if (slot >= num_slots) continue;
+    int col;
+    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
+    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
+      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
+    else col = tile * 64 + 8 * ch;
+    if (col >= NOUT) continue;
+    *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) =
+        *reinterpret_cast<const uint4*>(rows_out + r * OUT_ROW + 8 * ch);
+  }
+
+  if constexpr (SUM_TOPK > 0) {
+    // the last of the column tile's CTAs to arrive sums the tile for every token
+    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
+    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
+    const int tokens = num_slots / SUM_TOPK;
+    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
+      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
+      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
+    }
+  }
+}
+
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
 // 64-column tiles over the whole K; warp (c, h) multiplies column tile c with block rows
 // WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
@@ -591,7 +657,6 @@ __device__ __forceinline__ void grouped_gemm_wide(
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
-  __shared__ int last_cta;
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   if (blk * BLOCK >= *total_ptr) return;
@@ -701,56 +766,238 @@ __device__ __forceinline__ void grouped_gemm_wide(
   cp_async_wait<0>();
   __syncthreads();                         // the ring is free: the output rows reuse it
 
-  // epilogue: the warp's rows (SwiGLU, or times the routing weight) as fp16 into shared memory,
-  // then out in 16-byte pieces; padding rows write nothing
-  half* rows_out = reinterpret_cast<half*>(smem) + warp * WARP_ROWS * OUT_ROW;
-  const int kq = 2 * (lane % 4);
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's
-      const int col = lane / 4 + (c >= 2 ? 8 : 0);          // + 16 t
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        if constexpr (EPILOGUE == 1) {     // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
-          if (t < 2)
-            rows_out[r * OUT_ROW + 16 * t + col] =
-                __float2half_rn(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
-        } else {
-          float v = acc[t][nt][c];
-          if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row0 + r];
-          rows_out[r * OUT_ROW + 16 * t + col] = __float2half_rn(v);
-        }
-      }
-    }
-  __syncwarp();
-  constexpr int OUT_CHUNKS = OUT_COLS / 8;                 // 16-byte pieces of a row
-  for (int x = lane; x < WARP_ROWS * OUT_CHUNKS; x += 32) {
-    const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
-    const int slot = sorted_ids[blk * BLOCK + row0 + r];
-    if (slot >= num_slots) continue;
-    int col;
-    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
-    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
-      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
-    else col = tile * 64 + 8 * ch;
-    if (col >= NOUT) continue;
-    *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) =
-        *reinterpret_cast<const uint4*>(rows_out + r * OUT_ROW + 8 * ch);
-  }
-
-  if constexpr (SUM_TOPK > 0) {
-    // the last of the column tile's CTAs to arrive sums the tile for every token
-    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
-    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
-    const int tokens = num_slots / SUM_TOPK;
-    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
-      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
-      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
-    }
-  }
+  wide_epilogue<BLOCK, WARP_ROWS, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
+      acc, smem, row0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
+      sum_counters);
 }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---------------------------------------------------------------------------------------------
+// Warpgroup MMA (sm_90a): the four warps of a warpgroup multiply a 64 x k16 A operand held in
+// their registers (warp w rows 16 w .. 16 w + 15, each warp's fragment laid out as mma.sync
+// m16n8k16's A) by an N x k16 B operand that the tensor cores read from shared memory through a
+// descriptor, asynchronously: the warps go on (dequantizing the next weights) while it runs.
+
+// the B operand's descriptor, K-major without swizzle: 8 x 16-byte core matrices, `lbo` bytes
+// from one k8 half to the next, `sbo` bytes from one 8 rows of N to the next
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((smem_addr(p) & 0x3ffff) >> 4) |
+         ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
+}
+
+// orders this warpgroup's register writes before the wgmma that reads them
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// returns once at most PENDING of this warpgroup's committed wgmma groups are still running
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// this thread's shared-memory writes (cp.async included, once waited for) become visible to
+// the tensor cores' reads (the async proxy)
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// keeps the compiler from moving accesses of v across this point (accumulators of a wgmma in
+// flight)
+__device__ __forceinline__ void reg_fence(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// D (64 x N, fp32, accumulated) += A (64 x k16 fp16, registers) x B (k16 x N fp16, shared memory,
+// K-major); d: this thread's N / 2 accumulators, d[4 q + c] = row 16 w + lane / 4 + 8 (c / 2),
+// column 8 q + 2 (lane % 4) + c % 2 (w: the warp in the warpgroup)
+template <int N>
+__device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)[4],
+                                          unsigned long long b_desc);
+
+template <>
+__device__ __forceinline__ void wgmma_f16<32>(float (&d)[16], const unsigned (&a)[4],
+                                             unsigned long long b_desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0; "
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a)[4],
+                                             unsigned long long b_desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill-sized grouped W4A16 GEMM on warpgroup MMA (sm_90a): the wide CTA's tile (BLOCK rows
+// of one expert x 4 column tiles of 64, over the whole K) with one warpgroup. Warp w dequantizes
+// the weights of column tile w (the A fragments of its four 16-column subtiles, scaled before
+// the MMA as in the wide CTA) and the warpgroup issues, per k16 step, one wgmma per subtile t:
+// A = subtile t of the four tiles (rows 16 w .. of the 64-row operand from warp w), B = the
+// block's BLOCK rows, read by the tensor cores straight from the ring. The MMAs run while the
+// warps dequantize the next step (A fragments double-buffered in registers, at most one step's
+// wgmma group in flight behind the one being prepared). The ring: STAGES stages of KS k16 steps,
+// filled by all threads with cp.async STAGES - 2 stages ahead (the stage before the current one
+// may still be read by a running wgmma); the rows of a stage are stored chunk-major (k8 chunk c
+// of row r at (c BLOCK + r) x 16 bytes), the layout of the wgmma B descriptor without swizzle.
+// Accumulators and epilogue are those of grouped_gemm_wide with WARP_ROWS = BLOCK, so the
+// output is the same computation in another summation order.
+template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
+          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+__device__ __forceinline__ void grouped_gemm_wgmma(
+    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
+    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
+    int* __restrict__ sum_counters = nullptr) {
+  constexpr int COLT = 4, THREADS = 128, NT = BLOCK / 8;
+  constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
+  static_assert((BLOCK == 32 || BLOCK == 64) && NTILES % COLT == 0, "32 or 64 rows, 4 tiles");
+  static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
+  static_assert(KS % 2 == 0, "A fragments alternate between two register sets by step parity");
+  static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
+  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
+  constexpr int STAGE_BYTES = W_BYTES + A_BYTES, RING_BYTES = STAGES * STAGE_BYTES;
+  constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
+  constexpr int OUT_BYTES = COLT * BLOCK * (OUT_COLS + 8) * 2;
+  constexpr int AHEAD = STAGES - 2;                // stages in flight ahead of the current one
+  __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
+
+  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  if (blk * BLOCK >= *total_ptr) return;
+  const int expert = expert_ids[blk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile = col_tile * COLT + warp;             // the column tile warp w dequantizes
+
+  // copies of one stage: weight chunk c as in the wide CTA; activation chunk c is part
+  // c % CHUNKS of row c / CHUNKS (a warp reads whole 64-byte row pieces), stored chunk-major
+  constexpr int W_CHUNKS = W_BYTES / 16, W_COPIES = W_CHUNKS / THREADS;
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS, A_COPIES = A_CHUNKS / THREADS;
+  static_assert(W_CHUNKS % THREADS == 0 && A_CHUNKS % THREADS == 0, "whole copy rounds");
+  const half* copy_row[A_COPIES];
+  unsigned copy_bytes[A_COPIES];
+#pragma unroll
+  for (int q = 0; q < A_COPIES; ++q) {
+    const int c = q * THREADS + threadIdx.x;
+    const int slot = sorted_ids[blk * BLOCK + c / CHUNKS];
+    copy_bytes[q] = slot < num_slots ? 16u : 0u;
+    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+  }
+  const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
+  auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    const int step = i * KS;
+#pragma unroll
+    for (int q = 0; q < W_COPIES; ++q) {
+      const int c = q * THREADS + threadIdx.x;
+      cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
+                                  c % (32 * COLT));
+    }
+#pragma unroll
+    for (int q = 0; q < A_COPIES; ++q) {
+      const int c = q * THREADS + threadIdx.x;
+      cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
+                       copy_row[q] + step * 16, copy_bytes[q]);
+    }
+  };
+
+  // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
+  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
+  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (GROUPS > 1 ? NTILES * 8 : 0));
+
+  // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of
+  // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
+  float acc[4][NT][4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
+
+  unsigned frag[2][4][4];                // [step parity][subtile t]: A fragments
+  auto multiply_step = [&](const unsigned char* st, int sub, unsigned (&f)[4][4]) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
+    const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
+    const half2* sc = reinterpret_cast<const half2*>(&scale_now);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      half2 h[4];
+      dequant8(words[t], h);
+      scale_frag(h, sc[t]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) f[t][r] = *reinterpret_cast<const unsigned*>(&h[r]);
+    }
+    // B: rows 0 .. BLOCK - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
+    const unsigned long long desc = wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      wgmma_f16<BLOCK>(reinterpret_cast<float(&)[NT * 4]>(acc[t]), f[t], desc);
+    wgmma_commit();
+  };
+
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < ITERS) issue(s);
+    cp_async_commit();
+  }
+  constexpr int GROUP_ITERS = G / (16 * KS);
+  for (int i = 0; i < ITERS; ++i) {
+    wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
+    cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
+    fence_proxy_async();                   // ... where the tensor cores will read it
+    __syncthreads();                       // everyone's; stage i - 2 is no longer read
+    if (i + AHEAD < ITERS) issue(i + AHEAD);   // into stage i - 2's slot
+    cp_async_commit();
+    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group
+      const int group = i / GROUP_ITERS;
+      scale_now = scale_next;
+      if (group + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(group + 1) * NTILES * 8);
+    }
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub) {
+      if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
+      multiply_step(st, sub, frag[sub % 2]);
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
+  cp_async_wait<0>();
+  __syncthreads();                         // the ring is free: the output rows reuse it
+
+  wide_epilogue<BLOCK, BLOCK, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
+      acc, smem, 0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
+      sum_counters);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 }  // namespace moegen
 

@@ -78,21 +78,23 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             sum_topk=int(op.attr("sum_topk")) if op.attr("epilogue") == "topk_sum" else 0,
             perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
-        for (edge, block), split, stages, warps, block_k, cols, rows in zip(
+        for (edge, block), split, stages, warps, block_k, cols, rows, wg in zip(
                 op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
-                tile["block_k"], tile["col_tiles"], tile["warp_rows"]):
+                tile["block_k"], tile["col_tiles"], tile["warp_rows"], tile["wgmma"]):
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
             # and rows per warp
             if cols > 1:
-                kernel = f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
+                kernel = (f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
+                          + ("_wg" if wg else ""))
             else:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
                           + (f"_w{warps}" if warps != GEMM_TILE["warps"] else ""))
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
-                               "col_tiles": cols, "warp_rows": rows, "kernel": kernel})
+                               "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
+                               "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")

@@ -40,8 +40,10 @@ def _cupy():
 
 
 def device_arch() -> str:
-    """The current GPU's architecture, e.g. sm_90."""
-    return f"sm_{_cupy().cuda.Device().compute_capability}"
+    """The current GPU's architecture, e.g. sm_80; sm_90a on Hopper (its arch-specific features,
+    such as the warpgroup MMA the prefill GEMMs use)."""
+    cc = _cupy().cuda.Device().compute_capability
+    return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
 
 
 # Compiled modules of this process, by a hash of source, options and arch: a second layer of the
