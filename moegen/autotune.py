@@ -124,7 +124,7 @@ class TuningDB:
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
-        split of the down GEMM, block_k, warps, col_tiles, warp_rows], ...]};
+        split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "vec_warps", "cube_warps", "split_k", "schedule"} or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
@@ -141,7 +141,8 @@ class TuningDB:
                              r["config"].get("stages", 8),
                              r["config"].get("split_k_down", r["config"]["split_k"]),
                              r["config"].get("block_k", 16), r["config"].get("warps", 4),
-                             r["config"].get("col_tiles", 1), r["config"].get("warp_rows", 32)]
+                             r["config"].get("col_tiles", 1), r["config"].get("warp_rows", 32),
+                             r["config"].get("wgmma", 0)]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -207,7 +208,8 @@ class MoeConfig:
     """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM,
     the most copy-ring stages, k per ring stage and warps per CTA of a token count (block_n is
     the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
-    prefill sizes (its warps follow from its shape)."""
+    prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
+    tile allows."""
     moe_block: int
     split_k: int
     stages: int = 8
@@ -216,28 +218,31 @@ class MoeConfig:
     warps: int = 4
     col_tiles: int = 1
     warp_rows: int = 32                      # the wide CTA's rows per warp
+    wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         down = self.split_k if self.split_k_down is None else self.split_k_down
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
             f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
             f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
-            f"wide-cols={self.col_tiles},warp-rows={self.warp_rows}}}", "alloc"])
+            f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}",
+            "alloc"])
 
     def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
                 "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
                 "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
-                "warp_rows": self.warp_rows}
+                "warp_rows": self.warp_rows, "wgmma": self.wgmma}
 
 
 STAGE_CHOICES = (2, 4, 8)
 # (k per ring stage, warps per CTA): the tile pass's default first, so that a sweep cut short
 # by its budget has covered the default tile's neighbourhood
 TILE_CHOICES = ((16, 4), (32, 4), (16, 2))
-# the wide CTA at prefill sizes: (column tiles, k per stage, rows per warp), the default
-# first; ring depths
-WIDE_CHOICES = ((4, 32, 32), (2, 32, 32), (4, 16, 32), (4, 32, 64), (2, 32, 64))
+# the wide CTA at prefill sizes: (column tiles, k per stage, rows per warp, warpgroup MMA), the
+# default first; ring depths
+WIDE_CHOICES = ((4, 32, 32, 1), (4, 32, 32, 0), (2, 32, 32, 0), (4, 16, 32, 0), (4, 32, 64, 1),
+                (4, 32, 64, 0), (2, 32, 64, 0))
 WIDE_STAGE_CHOICES = (4, 2, 6)
 
 
@@ -262,8 +267,8 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
 
     out = []
     if tokens > DECODE_MAX_TOKENS:
-        out += [MoeConfig(b, 1, d, 1, block_k, GEMM_TILE["warps"], cols, rows)
-                for b in blocks if b in WIDE_BLOCKS for cols, block_k, rows in WIDE_CHOICES
+        out += [MoeConfig(b, 1, d, 1, block_k, GEMM_TILE["warps"], cols, rows, wg)
+                for b in blocks if b in WIDE_BLOCKS for cols, block_k, rows, wg in WIDE_CHOICES
                 for d in WIDE_STAGE_CHOICES
                 if spec.quant.group_size % block_k == 0 and rows <= b]
     for block_k, warps in TILE_CHOICES:
@@ -360,18 +365,21 @@ def default_config(spec: Spec, tokens: int) -> MoeConfig:
     return MoeConfig(up.attrs["block_buckets"][i][1], tile["split_k"][i], tile["stages"][i],
                      down.attrs["tile"]["split_k"][i], tile["block_k"][i],
                      GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols,
-                     tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows)
+                     tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows,
+                     int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma)
 
 
 def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
     """Whether two configs build the same kernels (a ring depth the block cannot hold is cut
     by the tile pass, so 8 and 5 stages are the same for block 32)."""
-    from .passes.tile import gemm_stages, wide_stages
+    from .passes.tile import gemm_stages, wgmma_fits, wide_stages
 
     def built(c: MoeConfig) -> tuple:
         if c.col_tiles > 1:     # the wide CTA: its warps follow from its shape
-            return (c.moe_block, c.col_tiles, min(c.warp_rows, c.moe_block), c.block_k,
-                    wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k))
+            rows = min(c.warp_rows, c.moe_block)
+            stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
+            wg = bool(c.wgmma) and wgmma_fits(c.col_tiles, rows, c.moe_block, c.block_k, stages)
+            return (c.moe_block, c.col_tiles, rows, c.block_k, stages, wg)
         return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
                 gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
     return built(a) == built(b)

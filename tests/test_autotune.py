@@ -141,6 +141,27 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     assert "col_tiles = [1, 1, 1, 1, 1]" in text
 
 
+def test_tuned_warpgroup_mma_flag(tmp_path):
+    """A prefill entry's wgmma reaches the tile (the warpgroup MMA kernel, or the wide CTA on
+    mma.sync); an entry without it was measured on mma.sync and keeps it; the default takes
+    warpgroup MMA."""
+    wide = {"moe_block": 32, "split_k": 1, "stages": 4, "block_k": 32, "warps": 4,
+            "col_tiles": 4, "warp_rows": 32}
+    for flag, want in ((1, "true"), (0, "false"), (None, "false")):
+        path = tmp_path / f"t{flag}.json"
+        config = wide if flag is None else {**wide, "wgmma": flag}
+        at.TuningDB(path).record(QWEN, H200, [{"tokens": 2048, "config": config, "time_us": 600.0,
+                                                  "default_us": 600.0, "checked": True}])
+        text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+        assert f"col_tiles = [4], warp_rows = [32], wgmma = [{want}]" in text, flag
+    assert "wgmma = [false, false, false, true]" in str(lower(QWEN, "cuda")[0])
+    assert at.default_config(QWEN, 2048).wgmma == 1
+    # wgmma only where the tile allows: 2 column tiles are the same kernel either way
+    a, b = (at.MoeConfig(32, 1, 4, 1, 32, 4, 2, 32, wg) for wg in (0, 1))
+    assert at.same_tile(a, b) and not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 0),
+                                                    at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 1))
+
+
 def test_tuned_split_per_gemm(tmp_path):
     path = tmp_path / "t.json"
     per_gemm = [dict(r, config={**r["config"], "split_k": 1, "split_k_down": 4}) for r in RESULTS]

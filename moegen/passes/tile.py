@@ -179,6 +179,15 @@ def wide_stages(block: int, col_tiles: int, most: int, block_k: int) -> int:
     return max(2, min(most, (SHARED_PER_CTA - 64) // stage))
 
 
+def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages: int) -> bool:
+    """Whether a wide CTA's tile runs on the warpgroup MMA kernel: 4 column tiles (one warpgroup
+    over 256 columns), every row of the block in each warp, two or more k16 steps a stage (the
+    A fragments alternate by step parity) and a stage for the running MMA besides the two in
+    flight."""
+    return (col_tiles == WGMMA_TILE["col_tiles"] and warp_rows == block and block_k % 32 == 0
+            and stages >= 3)
+
+
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
@@ -416,11 +425,9 @@ class TilePass(Pass):
             block_k[i], warps[i] = bk, cols * block // rows
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
-            # the warpgroup MMA kernel: 4 column tiles, every row of the block in each warp, two
-            # or more k16 steps a stage, a stage for the running MMA besides those in flight (a
-            # tuning entry without index 9 was measured on mma.sync)
-            fits = (cols == WGMMA_TILE["col_tiles"] and rows == block and bk % 32 == 0
-                    and stages[i] >= 3)
+            # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
+            # measured on mma.sync)
+            fits = wgmma_fits(cols, rows, block, bk, stages[i])
             wg = bool(pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))
             wgmma.append(wg and fits)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,

@@ -557,6 +557,17 @@ __device__ __forceinline__ void grouped_gemm(
 
 
 // ---------------------------------------------------------------------------------------------
+// The wide CTAs' accumulators, acc[column subtile t][n8 tile of rows][4], set to zero
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
+}
+
 // The wide CTAs' epilogue: each warp's accumulators (acc[t][nt]: columns 16 t .. 16 t + 15 of
 // its 64-column tile, rows row0 + 8 nt .. + 7) as fp16 into shared memory (SwiGLU, or times the
 // routing weight), then out in 16-byte pieces; padding rows write nothing. SUM_TOPK > 0: the
@@ -706,12 +717,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
   float acc[4][NT][4];
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
+  zero_acc(acc);
 
   // ldmatrix.x4 rows: lane l gives row l % 8 of matrix l / 8 = (n8 tile pair half l / 16,
   // k half l / 8 % 2), so one call returns b0, b1 of two n8 tiles
@@ -929,12 +935,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
   float acc[4][NT][4];
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
+  zero_acc(acc);
 
   unsigned frag[2][4][4];                // [step parity][subtile t]: A fragments
   auto multiply_step = [&](const unsigned char* st, int sub, unsigned (&f)[4][4]) {
