@@ -241,8 +241,8 @@ STAGE_CHOICES = (2, 4, 8)
 TILE_CHOICES = ((16, 4), (32, 4), (16, 2))
 # the wide CTA at prefill sizes: (column tiles, k per stage, rows per warp, warpgroup MMA), the
 # default first; ring depths
-WIDE_CHOICES = ((4, 32, 32, 1), (4, 32, 32, 0), (2, 32, 32, 0), (4, 16, 32, 0), (4, 32, 64, 1),
-                (4, 32, 64, 0), (2, 32, 64, 0))
+WIDE_CHOICES = ((4, 32, 32, 1), (8, 32, 32, 1), (4, 32, 32, 0), (2, 32, 32, 0), (4, 16, 32, 0),
+                (4, 32, 64, 1), (4, 32, 64, 0), (2, 32, 64, 0))
 WIDE_STAGE_CHOICES = (4, 2, 6)
 
 
@@ -255,7 +255,7 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     divide K and the group; at prefill sizes (T > 64) first the wide CTA in the blocks it takes
     (WIDE_CHOICES x WIDE_STAGE_CHOICES)."""
     from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, WIDE_BLOCKS, fit_warps, gemm_stages,
-                              splits_evenly)
+                              splits_evenly, wide_col_tiles)
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -270,7 +270,8 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
         out += [MoeConfig(b, 1, d, 1, block_k, GEMM_TILE["warps"], cols, rows, wg)
                 for b in blocks if b in WIDE_BLOCKS for cols, block_k, rows, wg in WIDE_CHOICES
                 for d in WIDE_STAGE_CHOICES
-                if spec.quant.group_size % block_k == 0 and rows <= b]
+                if spec.quant.group_size % block_k == 0 and rows <= b
+                and wide_col_tiles(cols, b, tokens, cols) == cols]   # its epilogue fits
     for block_k, warps in TILE_CHOICES:
         if spec.quant.group_size % block_k:
             continue

@@ -151,12 +151,13 @@ WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
     (2048, 768, 64, 2, "moe-block=64,warp-rows=64", True),
     (2048, 768, 64, 2, "moe-block=64,warp-rows=64,wgmma=0", False),
     (4096, 1408, 64, 1, "stages=6", True), (4096, 1408, 60, 6, "stages=3", True),
+    (2048, 1024, 64, 2, "wide-cols=8", True), (1024, 512, 8, 2, "wide-cols=8,wgmma=0", False),
     (4096, 1408, 64, 1, "moe-block=64,warp-rows=64,wide-cols=2,block-k=16", False)])
 def test_prefill_wide_cta(rng, h, i, e, k, tile, wgmma):
     """Prefill buckets: the wide CTA (warps over column tiles and row groups, one ring per
-    CTA) with 1 and 2 row groups, 32 and 64 rows a warp, 2 and 4 column tiles, 16 or 32 k per
-    stage, on mma.sync and (4 column tiles of 32 or 64 rows, sm_90a) on warpgroup MMA with 3 to
-    6 ring stages, against the reference; and the K-split CTA where wide-cols=0."""
+    CTA) with 1 and 2 row groups, 32 and 64 rows a warp, 2, 4 and 8 column tiles, 16 or 32 k
+    per stage, on mma.sync and (4 or 8 column tiles of 32 or 64 rows, sm_90a) on warpgroup MMA
+    with 3 to 6 ring stages, against the reference; and the K-split CTA where wide-cols=0."""
     g = 128 if h % 128 == 0 and i % 128 == 0 else 64
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=2048, group=g), pipeline=WIDE % tile)
     up = layer.plan["gemms"][0]["variants"]

@@ -95,7 +95,7 @@ WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 ro
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
-WGMMA_TILE = {"col_tiles": 4, "wgmma": 1}   # the wide tile the warpgroup MMA kernel takes
+WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1 or 2 of them
 
 
 def align_up(x: int, a: int) -> int:
@@ -164,11 +164,13 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
 
 def wide_col_tiles(ntiles: int, block: int, edge: int, most: int) -> int:
     """64-column tiles per CTA of the wide GEMM for a prefill bucket: `most` (halved until it
-    divides the weight's tiles); 1 (the K-split CTA) for decode buckets and other blocks."""
+    divides the weight's tiles and the epilogue's output rows, block x 64 columns of fp16 padded
+    by 8 per tile, fit the static shared memory); 1 (the K-split CTA) for decode buckets and
+    other blocks."""
     if edge <= DECODE_MAX_TOKENS or block not in WIDE_BLOCKS:
         return 1
     cols = most
-    while cols > 1 and ntiles % cols:
+    while cols > 1 and (ntiles % cols or cols * block * (64 + 8) * 2 > SHARED_PER_CTA):
         cols //= 2
     return cols
 
@@ -182,11 +184,11 @@ def wide_stages(block: int, col_tiles: int, most: int, block_k: int) -> int:
 
 
 def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages: int) -> bool:
-    """Whether a wide CTA's tile runs on the warpgroup MMA kernel: 4 column tiles (one warpgroup
-    over 256 columns), every row of the block in each warp, two or more k16 steps a stage (the
-    A fragments alternate by step parity) and a stage for the running MMA besides the two in
-    flight."""
-    return (col_tiles == WGMMA_TILE["col_tiles"] and warp_rows == block and block_k % 32 == 0
+    """Whether a wide CTA's tile runs on the warpgroup MMA kernel: 4 or 8 column tiles (one
+    or two warpgroups of 256 columns each), every row of the block in each warp, two or more k16
+    steps a stage (the A fragments alternate by step parity) and a stage for the running MMA
+    besides the two in flight."""
+    return (col_tiles in WGMMA_TILE["col_tiles"] and warp_rows == block and block_k % 32 == 0
             and stages >= 3)
 
 
@@ -294,9 +296,10 @@ class TilePass(Pass):
         "warp-rows": Option(int, None, "MoE prefill buckets: rows per warp of the wide CTA",
                             choices=WIDE_WARP_ROWS),
         "wide-cols": Option(int, None, "MoE prefill buckets: 64-column tiles per wide CTA (0 or 1: "
-                                       "the K-split CTA)", choices=(0, 1, 2, 4), minimum=0),
-        "wgmma": Option(int, None, "MoE prefill buckets: 1 runs the wide CTA on warpgroup MMA where "
-                                   "its tile allows and the GPU has it (sm_90a); 0 mma.sync only",
+                                       "the K-split CTA)", choices=(0, 1, 2, 4, 8), minimum=0),
+        "wgmma": Option(int, None, "MoE prefill buckets: 1 runs the wide CTA on warpgroup MMA "
+                                   "where its tile allows and the GPU has it (sm_90a); 0 "
+                                   "mma.sync only",
                         choices=(0, 1), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),

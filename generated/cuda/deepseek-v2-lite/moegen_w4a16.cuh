@@ -786,7 +786,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
 // the B operand's descriptor, K-major without swizzle: 8 x 16-byte core matrices, `lbo` bytes
 // from one k8 half to the next, `sbo` bytes from one 8 rows of N to the next
-__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* p, unsigned lbo,
+                                                         unsigned sbo) {
   return (unsigned long long)((smem_addr(p) & 0x3ffff) >> 4) |
          ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
 }
@@ -857,10 +858,11 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM on warpgroup MMA (sm_90a): the wide CTA's tile (BLOCK rows
-// of one expert x 4 column tiles of 64, over the whole K) with one warpgroup. Warp w dequantizes
+// of one expert x COLT = 4 or 8 column tiles of 64, over the whole K) with COLT / 4 warpgroups
+// (two share each staged activation row over 512 columns). Warp w dequantizes
 // the weights of column tile w (the A fragments of its four 16-column subtiles, scaled before
-// the MMA as in the wide CTA) and the warpgroup issues, per k16 step, one wgmma per subtile t:
-// A = subtile t of the four tiles (rows 16 w .. of the 64-row operand from warp w), B = the
+// the MMA as in the wide CTA) and its warpgroup issues, per k16 step, one wgmma per subtile t:
+// A = subtile t of its four tiles (rows 16 (w % 4) .. of the 64-row operand), B = the
 // block's BLOCK rows, read by the tensor cores straight from the ring. The MMAs run while the
 // warps dequantize the next step (A fragments double-buffered in registers, at most one step's
 // wgmma group in flight behind the one being prepared). The ring: STAGES stages of KS k16 steps,
@@ -869,17 +871,18 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 // of row r at (c BLOCK + r) x 16 bytes), the layout of the wgmma B descriptor without swizzle.
 // Accumulators and epilogue are those of grouped_gemm_wide with WARP_ROWS = BLOCK, so the
 // output is the same computation in another summation order.
-template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
-          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
+          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
 __device__ __forceinline__ void grouped_gemm_wgmma(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
     half* __restrict__ out, half* __restrict__ sum_out = nullptr,
     int* __restrict__ sum_counters = nullptr) {
-  constexpr int COLT = 4, THREADS = 128, NT = BLOCK / 8;
+  constexpr int THREADS = 32 * COLT, NT = BLOCK / 8;
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
-  static_assert((BLOCK == 32 || BLOCK == 64) && NTILES % COLT == 0, "32 or 64 rows, 4 tiles");
+  static_assert((BLOCK == 32 || BLOCK == 64) && (COLT == 4 || COLT == 8) && NTILES % COLT == 0,
+                "32 or 64 rows, whole warpgroups of 4 column tiles");
   static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
   static_assert(KS % 2 == 0, "A fragments alternate between two register sets by step parity");
   static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
@@ -899,14 +902,15 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // copies of one stage: weight chunk c as in the wide CTA; activation chunk c is part
   // c % CHUNKS of row c / CHUNKS (a warp reads whole 64-byte row pieces), stored chunk-major
   constexpr int W_CHUNKS = W_BYTES / 16, W_COPIES = W_CHUNKS / THREADS;
-  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS, A_COPIES = A_CHUNKS / THREADS;
-  static_assert(W_CHUNKS % THREADS == 0 && A_CHUNKS % THREADS == 0, "whole copy rounds");
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
+  constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
+  static_assert(W_CHUNKS % THREADS == 0, "whole weight copy rounds");
   const half* copy_row[A_COPIES];
   unsigned copy_bytes[A_COPIES];
 #pragma unroll
   for (int q = 0; q < A_COPIES; ++q) {
     const int c = q * THREADS + threadIdx.x;
-    const int slot = sorted_ids[blk * BLOCK + c / CHUNKS];
+    const int slot = c < A_CHUNKS ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
     copy_bytes[q] = slot < num_slots ? 16u : 0u;
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
@@ -923,6 +927,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
+      if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
       cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
                        copy_row[q] + step * 16, copy_bytes[q]);
     }
@@ -951,7 +956,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       for (int r = 0; r < 4; ++r) f[t][r] = *reinterpret_cast<const unsigned*>(&h[r]);
     }
     // B: rows 0 .. BLOCK - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
-    const unsigned long long desc = wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
+    const unsigned long long desc =
+        wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < 4; ++t)
