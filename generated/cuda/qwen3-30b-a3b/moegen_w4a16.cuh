@@ -910,7 +910,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 #pragma unroll
   for (int q = 0; q < A_COPIES; ++q) {
     const int c = q * THREADS + threadIdx.x;
-    const int slot = c < A_CHUNKS ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
+    const bool copies = A_CHUNKS % THREADS == 0 || c < A_CHUNKS;
+    const int slot = copies ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
     copy_bytes[q] = slot < num_slots ? 16u : 0u;
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
