@@ -255,7 +255,7 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
     divide K and the group; at prefill sizes (T > 64) first the wide CTA in the blocks it takes
     (WIDE_CHOICES x WIDE_STAGE_CHOICES)."""
     from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, WIDE_BLOCKS, fit_warps, gemm_stages,
-                              splits_evenly, wide_col_tiles)
+                              splits_evenly, wide_epilogue_fits)
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -271,7 +271,7 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
                 for b in blocks if b in WIDE_BLOCKS for cols, block_k, rows, wg in WIDE_CHOICES
                 for d in WIDE_STAGE_CHOICES
                 if spec.quant.group_size % block_k == 0 and rows <= b
-                and wide_col_tiles(cols, b, tokens, cols) == cols]   # its epilogue fits
+                and wide_epilogue_fits(cols, b)]
     for block_k, warps in TILE_CHOICES:
         if spec.quant.group_size % block_k:
             continue

@@ -162,15 +162,20 @@ def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
         k_dim, sp, tile["warps"], tile["block_k"]))
 
 
+def wide_epilogue_fits(col_tiles: int, block: int) -> bool:
+    """Whether the wide CTA's epilogue rows (per column tile, block x 64 fp16 columns padded by
+    8) fit the static shared memory."""
+    return col_tiles * block * (64 + 8) * 2 <= SHARED_PER_CTA
+
+
 def wide_col_tiles(ntiles: int, block: int, edge: int, most: int) -> int:
     """64-column tiles per CTA of the wide GEMM for a prefill bucket: `most` (halved until it
-    divides the weight's tiles and the epilogue's output rows, block x 64 columns of fp16 padded
-    by 8 per tile, fit the static shared memory); 1 (the K-split CTA) for decode buckets and
-    other blocks."""
+    divides the weight's tiles and its epilogue fits); 1 (the K-split CTA) for decode buckets
+    and other blocks."""
     if edge <= DECODE_MAX_TOKENS or block not in WIDE_BLOCKS:
         return 1
     cols = most
-    while cols > 1 and (ntiles % cols or cols * block * (64 + 8) * 2 > SHARED_PER_CTA):
+    while cols > 1 and (ntiles % cols or not wide_epilogue_fits(cols, block)):
         cols //= 2
     return cols
 

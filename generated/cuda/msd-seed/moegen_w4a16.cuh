@@ -557,6 +557,21 @@ __device__ __forceinline__ void grouped_gemm(
 
 
 // ---------------------------------------------------------------------------------------------
+// The wide CTAs' copies of one ring stage, spread over the CTA's THREADS threads.
+// Weights: chunk c (16 B) is lane c % 32 of column tile c / 32 % COLT at k16 step c / (32 COLT),
+// stored in that order.
+template <int COLT, int KS, int NTILES, int THREADS>
+__device__ __forceinline__ void copy_weight_stage(unsigned char* st, const uint4* w_cta, int step) {
+  constexpr int W_CHUNKS = COLT * KS * 32, W_COPIES = (W_CHUNKS + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int q = 0; q < W_COPIES; ++q) {
+    const int c = q * THREADS + threadIdx.x;
+    if (W_CHUNKS % THREADS != 0 && c >= W_CHUNKS) continue;
+    cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
+                                c % (32 * COLT));
+  }
+}
+
 // The wide CTAs' accumulators, acc[column subtile t][n8 tile of rows][4], set to zero
 template <int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
@@ -676,10 +691,9 @@ __device__ __forceinline__ void grouped_gemm_wide(
   const int ct = warp % COLT, row0 = warp / COLT * WARP_ROWS;   // column tile, first row
   const int tile = col_tile * COLT + ct;                // this warp's 64-column tile
 
-  // copies of one stage, spread over the CTA's threads: weight chunk c (16 B) is lane c % 32 of
-  // tile c / 32 % COLT at step c / (32 COLT); activation chunk c is part c % CHUNKS of row
-  // c / CHUNKS (padding rows copy 0 bytes of row 0 and zero-fill)
-  constexpr int W_CHUNKS = W_BYTES / 16, W_COPIES = (W_CHUNKS + THREADS - 1) / THREADS;
+  // copies of one stage, spread over the CTA's threads: the weights by copy_weight_stage;
+  // activation chunk c is part c % CHUNKS of row c / CHUNKS (padding rows copy 0 bytes of row 0
+  // and zero-fill)
   constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
   constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;
   const half* copy_row[A_COPIES];
@@ -695,13 +709,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = i * KS;
-#pragma unroll
-    for (int q = 0; q < W_COPIES; ++q) {
-      const int c = q * THREADS + threadIdx.x;
-      if (W_CHUNKS % THREADS != 0 && c >= W_CHUNKS) continue;
-      const int sub = c / (32 * COLT);
-      cp_async16(st + 16 * c, w_cta + (size_t)(step + sub) * NTILES * 32 + c % (32 * COLT));
-    }
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
@@ -899,12 +907,10 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tile = col_tile * COLT + warp;             // the column tile warp w dequantizes
 
-  // copies of one stage: weight chunk c as in the wide CTA; activation chunk c is part
+  // copies of one stage: the weights by copy_weight_stage; activation chunk c is part
   // c % CHUNKS of row c / CHUNKS (a warp reads whole 64-byte row pieces), stored chunk-major
-  constexpr int W_CHUNKS = W_BYTES / 16, W_COPIES = W_CHUNKS / THREADS;
   constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
   constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
-  static_assert(W_CHUNKS % THREADS == 0, "whole weight copy rounds");
   const half* copy_row[A_COPIES];
   unsigned copy_bytes[A_COPIES];
 #pragma unroll
@@ -919,12 +925,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = i * KS;
-#pragma unroll
-    for (int q = 0; q < W_COPIES; ++q) {
-      const int c = q * THREADS + threadIdx.x;
-      cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
-                                  c % (32 * COLT));
-    }
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
