@@ -156,7 +156,7 @@ __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict
       const int j = i / PIECES, piece = i % PIECES;
       const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
       const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0) * 32 + 2 * piece;
-      moegen::cp_async16_zfill(stage + j * KSTEPS * 32 + 2 * piece, src, n8 < N8 ? 16u : 0u);
+      moegen::cp_async16_stream_zfill(stage + j * KSTEPS * 32 + 2 * piece, src, n8 < N8 ? 16u : 0u);
     }
   }
   moegen::cp_async_commit();
