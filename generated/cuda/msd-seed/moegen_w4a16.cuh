@@ -85,14 +85,27 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uns
 // The weights stream through L2 once per call. Their copies carry an evict-first policy: a new
 // weight line displaces an older weight line before anything else L2 holds (activations, data
 // of the kernels around this one, dirty lines that would first have to be written back). The
-// policy is made inside each copy's asm (ptxas folds it to a constant); the destination must
-// not be a static shared array's uniform base plus an offset (see copy_base).
+// policy is made inside each copy's asm (ptxas folds it to a constant).
+//
+// ptxas (CUDA 13, sm_90) miscompiles a hinted cp.async whose shared address it splits into a
+// register plus a uniform register (a static array's base, a stage offset): the policy's
+// descriptor is built over that uniform register and the copy faults (illegal instruction).
+// The address is OR-ed with a zero ptxas cannot prove uniform (tid.x >= ntid.x, never true;
+// one value per kernel), which it cannot split; that costs one LOP3 a copy.
+__device__ __forceinline__ unsigned opaque_zero() {
+  unsigned zero;
+  asm("{\n.reg .pred past;\n.reg .u32 t, n;\nmov.u32 t, %%tid.x;\nmov.u32 n, %%ntid.x;\n"
+      "setp.ge.u32 past, t, n;\nselp.u32 %0, 1, 0, past;\n}\n"
+      : "=r"(zero));
+  return zero;
+}
+
 __device__ __forceinline__ void cp_async16_stream(void* dst, const void* src) {
   asm volatile(
       "{\n.reg .b64 policy;\n"
       "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
       "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n}\n"
-      ::"r"(smem_addr(dst)), "l"(src)
+      ::"r"(smem_addr(dst) | opaque_zero()), "l"(src)
       : "memory");
 }
 
@@ -101,22 +114,8 @@ __device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* s
       "{\n.reg .b64 policy;\n"
       "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
       "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, policy;\n}\n"
-      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+      ::"r"(smem_addr(dst) | opaque_zero()), "l"(src), "r"(bytes)
       : "memory");
-}
-
-// The shared-memory base of a stage's L2-hinted copies, made opaque to ptxas's uniform-register
-// analysis (a select on tid.x < ntid.x, always true). ptxas (CUDA 13, sm_90) splits the address
-// of an L2-hinted cp.async on a static shared array into a register plus a uniform register and
-// then builds the policy descriptor over that uniform register: an illegal instruction at run
-// time. From this base the whole address stays in one register.
-template <class T>
-__device__ __forceinline__ T* copy_base(T* p) {
-  asm volatile(
-      "{\n.reg .pred q;\n.reg .u32 t, n;\nmov.u32 t, %%tid.x;\nmov.u32 n, %%ntid.x;\n"
-      "setp.lt.u32 q, t, n;\nselp.b64 %0, %0, 0, q;\n}\n"
-      : "+l"(p));
-  return p;
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -377,9 +376,8 @@ __device__ __forceinline__ void grouped_gemm(
   const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
-  unsigned char* const copy_ring = copy_base(smem) + warp * STAGES * STAGE_BYTES;
   auto issue = [&](int i) {            // copy the k16 steps of iteration i into its stage
-    unsigned char* st = copy_ring + (i % STAGES) * STAGE_BYTES;
+    unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
     const int step = step0 + i * KS;
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
@@ -744,9 +742,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  unsigned char* const copy_smem = copy_base(smem);
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
-    unsigned char* st = copy_smem + (i % STAGES) * STAGE_BYTES;
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = i * KS;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
@@ -961,9 +958,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  unsigned char* const copy_smem = copy_base(smem);
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
-    unsigned char* st = copy_smem + (i % STAGES) * STAGE_BYTES;
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = i * KS;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
