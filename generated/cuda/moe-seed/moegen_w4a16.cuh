@@ -82,10 +82,10 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uns
                : "memory");
 }
 
-// The weights stream through L2 once per call. Their copies carry an evict-first policy: a new
+// A weight stream read once per call (the MSD matmul's) copies with an evict-first policy: a new
 // weight line displaces an older weight line before anything else L2 holds (activations, data
 // of the kernels around this one, dirty lines that would first have to be written back). The
-// policy is made inside each copy's asm (ptxas folds it to a constant).
+// policy is made inside the copy's asm (ptxas folds it to a constant).
 //
 // ptxas (CUDA 13, sm_90) miscompiles a hinted cp.async whose shared address it splits into a
 // register plus a uniform register (a static array's base, a stage offset): the policy's
@@ -98,15 +98,6 @@ __device__ __forceinline__ unsigned opaque_zero() {
       "setp.ge.u32 past, t, n;\nselp.u32 %0, 1, 0, past;\n}\n"
       : "=r"(zero));
   return zero;
-}
-
-__device__ __forceinline__ void cp_async16_stream(void* dst, const void* src) {
-  asm volatile(
-      "{\n.reg .b64 policy;\n"
-      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n}\n"
-      ::"r"(smem_addr(dst) | opaque_zero()), "l"(src)
-      : "memory");
 }
 
 __device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* src, unsigned bytes) {
@@ -381,7 +372,7 @@ __device__ __forceinline__ void grouped_gemm(
     const int step = step0 + i * KS;
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
-      cp_async16_stream(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
+      cp_async16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
 #pragma unroll
     for (int q = 0; q < COPIES; ++q) {
       const int c = q * 32 + lane;
@@ -603,8 +594,8 @@ __device__ __forceinline__ void copy_weight_stage(unsigned char* st, const uint4
   for (int q = 0; q < W_COPIES; ++q) {
     const int c = q * THREADS + threadIdx.x;
     if (W_CHUNKS % THREADS != 0 && c >= W_CHUNKS) continue;
-    cp_async16_stream(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
-                                       c % (32 * COLT));
+    cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
+                                c % (32 * COLT));
   }
 }
 
