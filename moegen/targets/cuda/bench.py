@@ -1,7 +1,9 @@
 """`moegen run` and `moegen bench` for MoE specs on a GPU.
 
 Timing: the layer call is captured in a CUDA graph; each repetition flushes the L2 (a 256 MiB
-memset), then replays the graph between two CUDA events; the median is reported. The memory
+memset), then replays the graph between two CUDA events; the median is reported. The memset
+leaves L2 dirty, so a call also pays for writing back the lines its misses displace (docs/PERF.md
+measures what that costs a bare read of the weights). The memory
 floor is the int4 weight and scale bytes of the experts the call actually routes to, over the
 device-to-device copy bandwidth measured in the same process. The baseline is PyTorch bf16:
 `torch._grouped_mm` over the expert-sorted tokens (gate/up, SwiGLU, down, weighted sum), timed
