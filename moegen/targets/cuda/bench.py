@@ -3,9 +3,9 @@
 Timing: the layer call is captured in a CUDA graph; each repetition flushes the L2 (a 256 MiB
 memset), then replays the graph between two CUDA events; the median is reported. The memset
 leaves L2 dirty, so a call also pays for writing back the lines its misses displace (docs/PERF.md
-measures what that costs a bare read of the weights). The memory
-floor is the int4 weight and scale bytes of the experts the call actually routes to, over the
-device-to-device copy bandwidth measured in the same process. The baseline is PyTorch bf16:
+measures what that costs a bare read of the weights). The memory floor is the int4 weight and
+scale bytes of the experts the call actually routes to, over the device-to-device copy
+bandwidth measured in the same process. The baseline is PyTorch bf16:
 `torch._grouped_mm` over the expert-sorted tokens (gate/up, SwiGLU, down, weighted sum), timed
 with CUDA events on PyTorch's stream, L2 flushed the same way (its launches are not captured
 in a graph: PyTorch's sort and bincount sizes are data-dependent).
