@@ -126,19 +126,21 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_hinted_copies_take_an_or_ed_shared_address(tmp_path):
-    """Every L2-hinted cp.async (the MSD weights) gets its shared address from an `or.b32` (the
-    address OR-ed with a zero ptxas cannot prove uniform): ptxas then cannot split it into a
-    register plus a uniform register, the form it builds wrongly for hinted copies on sm_90."""
-    spec = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
-    src = write_emitted(emit(spec, "cuda"), "msd-seed", tmp_path)
+@pytest.mark.parametrize("example, least", [("msd-seed", 2), ("mixtral-8x7b", 4)])
+def test_hinted_copies_take_an_or_ed_shared_address(tmp_path, example, least):
+    """Every L2-hinted cp.async (the MSD weights, the decode GEMMs' weights) gets its shared
+    address from an `or.b32` (the address OR-ed with a zero ptxas cannot prove uniform): ptxas
+    then cannot split it into a register plus a uniform register, the form it builds wrongly for
+    hinted copies on sm_90. The wide prefill CTA's copies carry no hint."""
+    spec = moegen.load_spec(ROOT / "examples" / f"{example}.yaml")
+    src = write_emitted(emit(spec, "cuda"), example, tmp_path)
     ptx_path = tmp_path / "k.ptx"
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90", "-std=c++17", str(src), "-o", str(ptx_path)],
+    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o", str(ptx_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     ptx = ptx_path.read_text()
     hinted = re.findall(r"cp\.async\.cg\.shared\.global\.L2::cache_hint \[(%r\d+)\]", ptx)
-    assert len(hinted) >= 2, "the MSD kernels' weight copies carry no L2 policy"
+    assert len(hinted) >= least, f"{example}: the weight copies carry no L2 policy"
     for reg in hinted:
         assert re.search(r"\bor\.b32\s+" + re.escape(reg) + r",", ptx), reg
 

@@ -82,10 +82,11 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uns
                : "memory");
 }
 
-// A weight stream read once per call (the MSD matmul's) copies with an evict-first policy: a new
-// weight line displaces an older weight line before anything else L2 holds (activations, data
-// of the kernels around this one, dirty lines that would first have to be written back). The
-// policy is made inside the copy's asm (ptxas folds it to a constant).
+// A weight stream read once per call copies with an evict-first policy: a new weight line
+// displaces an older weight line before anything else L2 holds (activations, data of the kernels
+// around this one, dirty lines that would first have to be written back). Measured on the H200
+// (docs/PERF.md, "Evict-first weight copies in the decode GEMMs"): faster in the K-split GEMMs
+// and the MSD matmul; the wide prefill CTA keeps plain copies (Mixtral T = 2048 ran slower).
 //
 // ptxas (CUDA 13, sm_90) miscompiles a hinted cp.async whose shared address it splits into a
 // register plus a uniform register (a static array's base, a stage offset): the policy's
@@ -100,6 +101,28 @@ __device__ __forceinline__ unsigned opaque_zero() {
   return zero;
 }
 
+// The K-split GEMMs' weight copies. The zero and the policy are made once, by the constructor:
+// made in each copy (as cp_async16_stream_zfill does) they cost about ten more instructions a
+// copy in these kernels (the policy descriptor's moves and shifts, the compare), which issue
+// instructions, not bytes, limit.
+struct WeightStream {
+  unsigned zero = opaque_zero();
+  unsigned long long policy;
+
+  __device__ __forceinline__ WeightStream() {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  }
+
+  __device__ __forceinline__ void copy16(void* dst, const void* src) const {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+                 ::"r"(smem_addr(dst) | zero), "l"(src), "l"(policy)
+                 : "memory");
+  }
+};
+
+// The MSD matmul's weight copies: the policy made inside the copy's asm (ptxas folds it to a
+// constant). Measured there, this form is as fast as WeightStream or a little faster (M = 4
+// basic: 35.3 against 36.4 us; preload the same).
 __device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* src, unsigned bytes) {
   asm volatile(
       "{\n.reg .b64 policy;\n"
@@ -367,12 +390,13 @@ __device__ __forceinline__ void grouped_gemm(
   const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
+  const WeightStream weights;
   auto issue = [&](int i) {            // copy the k16 steps of iteration i into its stage
     unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
     const int step = step0 + i * KS;
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
-      cp_async16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
+      weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
 #pragma unroll
     for (int q = 0; q < COPIES; ++q) {
       const int c = q * 32 + lane;
