@@ -76,6 +76,24 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
                : "memory");
 }
 
+// The value, pinned in a register for the rest of the kernel: ptxas does not recompute a
+// shuffle's result, where it recomputes address arithmetic from tid.x inside a main loop to
+// save registers (about ten instructions a copy, in loops bound by instruction issue). Every
+// lane of the warp must call it.
+__device__ __forceinline__ unsigned pinned(unsigned v) { return __shfl_xor_sync(0xffffffffu, v, 0); }
+
+template <typename T>
+__device__ __forceinline__ const T* pinned(const T* p) {
+  const unsigned long long v = reinterpret_cast<unsigned long long>(p);
+  return reinterpret_cast<const T*>(__shfl_xor_sync(0xffffffffu, v, 0));
+}
+
+// the zero-fill copy to a shared address already computed
+__device__ __forceinline__ void cp_async16_zfill_at(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, unsigned bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(bytes)
@@ -360,14 +378,23 @@ __device__ __forceinline__ void grouped_gemm(
   // the activation chunks this lane copies: a staged row is CHUNKS 16-byte chunks, chunk
   // c = q * 32 + lane is part c % CHUNKS of row c / CHUNKS (lanes past A_CHUNKS copy nothing)
   constexpr int CHUNKS = 2 * KS, A_CHUNKS = ROWS * CHUNKS, COPIES = (A_CHUNKS + 31) / 32;
-  const half* copy_row[COPIES];
+  // Each lane's copy sources (at the warp's first step), shared addresses (in stage 0) and
+  // whether it copies at all are pinned: kept in registers, not recomputed in the main loop.
+  const half* copy_src[COPIES];
   unsigned copy_bytes[COPIES];         // 16, or 0 for a padding row (which reads row 0)
+  unsigned copy_dst[COPIES];
+  unsigned copy_on[COPIES];
+  const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
+  unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
 #pragma unroll
   for (int q = 0; q < COPIES; ++q) {
     const int c = q * 32 + lane;
     const int slot = c < A_CHUNKS ? slot_of(c / CHUNKS) : num_slots;
     copy_bytes[q] = slot < num_slots ? 16u : 0u;
-    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+    copy_src[q] = pinned(a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM +
+                         8 * (c % CHUNKS) + step0 * 16);
+    copy_dst[q] = pinned(smem_addr(ring + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS)));
+    copy_on[q] = pinned(c < A_CHUNKS ? 1u : 0u);
   }
 
   // acc[t][nt]: the m16n8 tile of columns 16 t .. 16 t + 15 and block rows 8 nt .. 8 nt + 7.
@@ -387,9 +414,7 @@ __device__ __forceinline__ void grouped_gemm(
       for (int nt = 0; nt < PART_NT; ++nt) part[t][nt][c] = 0.0f;
     }
 
-  const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
-  unsigned char* ring = smem + warp * STAGES * STAGE_BYTES;
   const WeightStream weights;
   auto issue = [&](int i) {            // copy the k16 steps of iteration i into its stage
     unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
@@ -399,11 +424,10 @@ __device__ __forceinline__ void grouped_gemm(
       weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
 #pragma unroll
     for (int q = 0; q < COPIES; ++q) {
-      const int c = q * 32 + lane;
-      if (A_CHUNKS % 32 != 0 && c >= A_CHUNKS) continue;
-      unsigned char* dst = st + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS);
+      if (A_CHUNKS % 32 != 0 && !copy_on[q]) continue;
       // a padding row copies 0 bytes and zero-fills: one copy instruction either way
-      cp_async16_zfill(dst, copy_row[q] + step * 16, copy_bytes[q]);
+      cp_async16_zfill_at(copy_dst[q] + (i % STAGES) * STAGE_BYTES, copy_src[q] + i * KS * 16,
+                          copy_bytes[q]);
     }
   };
 
