@@ -76,10 +76,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
                : "memory");
 }
 
-// The value, pinned in a register for the rest of the kernel: ptxas does not recompute a
-// shuffle's result, where it recomputes address arithmetic from tid.x inside a main loop to
-// save registers (about ten instructions a copy, in loops bound by instruction issue). Every
-// lane of the warp must call it.
+// The value, pinned in a register for the rest of the kernel. To save registers ptxas recomputes
+// address arithmetic from tid.x inside a main loop (about ten instructions a copy, in loops
+// bound by instruction issue); it does not recompute a shuffle's result. Every lane of the
+// warp must call it.
 __device__ __forceinline__ unsigned pinned(unsigned v) { return __shfl_xor_sync(0xffffffffu, v, 0); }
 
 template <typename T>
@@ -95,9 +95,7 @@ __device__ __forceinline__ void cp_async16_zfill_at(unsigned dst, const void* sr
 }
 
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, unsigned bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(bytes)
-               : "memory");
+  cp_async16_zfill_at(smem_addr(dst), src, bytes);
 }
 
 // A weight stream read once per call copies with an evict-first policy: a new weight line
