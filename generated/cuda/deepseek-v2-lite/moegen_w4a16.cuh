@@ -122,10 +122,10 @@ __device__ __forceinline__ unsigned opaque_zero() {
 // copy in these kernels (the policy descriptor's moves and shifts, the compare), which issue
 // instructions, not bytes, limit.
 struct WeightStream {
-  unsigned zero = opaque_zero();
+  unsigned zero;
   unsigned long long policy;
 
-  __device__ __forceinline__ WeightStream() {
+  __device__ __forceinline__ WeightStream() : zero(opaque_zero()) {
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   }
 
