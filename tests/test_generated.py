@@ -49,6 +49,25 @@ def test_launch_plan():
     assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
 
 
+def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
+    """The launch plan marks the down GEMM's K-split kernels (decode buckets) for programmatic
+    dependent launch, and their source passes FOLLOWS = true; gate/up and the wide CTAs launch
+    plainly."""
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        files = emit(spec, "cuda")
+        plan = json.loads(files[f"{name}.launch.json"])
+        source = files[f"{name}.cu"]
+        up, down = plan["gemms"]
+        follows = {v["kernel"] for v in down["variants"] if v["col_tiles"] == 1}
+        assert follows and all(not v["follows"] for v in up["variants"])
+        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows
+        for v in up["variants"] + down["variants"]:
+            body = source[source.index(v["kernel"] + "("):]
+            body = body[:body.index("\n}\n")]
+            assert bool(re.search(r"grouped_gemm<[^>]*, true>\(", body)) == (v["kernel"] in follows)
+
+
 NVCC = shutil.which("nvcc")
 
 
@@ -145,6 +164,41 @@ def test_hinted_copies_take_an_or_ed_shared_address(tmp_path, example, least):
         assert re.search(r"\bor\.b32\s+" + re.escape(reg) + r",", ptx), reg
 
 
+def ptx_entries(ptx: str) -> dict[str, str]:
+    """PTX text per kernel entry (its name -> its body)."""
+    parts = re.split(r"\.visible \.entry (\w+)\(", ptx)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
+    """sm_90: every K-split GEMM releases the next kernel (griddepcontrol.launch_dependents); the
+    down GEMM's K-split kernels copy weights (the L2-hinted copies) before griddepcontrol.wait
+    and no activation rows (the plain copies) before it. sm_80 has neither instruction."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(spec, "cuda")
+    plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+    src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
+    follows = {k["name"] for k in plan["kernels"] if "launch" in k}
+    k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
+    for arch in ("sm_90a", "sm_80"):
+        ptx_path = tmp_path / f"{arch}.ptx"
+        proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
+                               str(ptx_path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        entries = ptx_entries(ptx_path.read_text())
+        for name, body in entries.items():
+            if arch == "sm_80":
+                assert "griddepcontrol" not in body, name
+                continue
+            assert ("griddepcontrol.launch_dependents" in body) == (name in k_split), name
+            assert ("griddepcontrol.wait" in body) == (name in follows), name
+            if name in follows:
+                before = body[:body.index("griddepcontrol.wait")]
+                assert "cp.async.cg.shared.global.L2::cache_hint" in before, name
+                assert not re.search(r"cp\.async\.cg\.shared\.global \[", before), name
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("tile", ["block-k=32", "block-k=32,warps=2", "moe-block=64,warp-rows=64",
@@ -180,13 +234,14 @@ def test_fused_topk_sum_plan():
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
         assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
-        # the K-split call ends its template arguments with DENSE = false, the wide ones with
-        # MUL_WEIGHTS = true; then SUM_TOPK = 2 (the warpgroup MMA kernel for sm_90a, else the
-        # wide CTA on mma.sync, with the same arguments)
+        # the K-split call ends its template arguments with DENSE = false, SUM_TOPK = 2 and
+        # FOLLOWS = true (programmatic dependent launch), the wide ones with MUL_WEIGHTS = true,
+        # SUM_TOPK = 2 (the warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with
+        # the same arguments)
         wide = r"grouped_gemm_wide<.*true, 2>\(\s*"
         if v["wgmma"]:
             wide = r"grouped_gemm_wgmma<.*true, 2>\(\s*#else\s*moegen::" + wide + r"#endif\s*"
-        call = (r"false, 2>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
+        call = (r"false, 2, true>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
                 else wide + r"a, w, .*out,\s*sum_out, sum_counters\);")
         assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]

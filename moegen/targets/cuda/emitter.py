@@ -94,6 +94,9 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
+                               # the down GEMM's K-split CTA: launched with programmatic
+                               # dependent launch where the GPU has it (sm_90 and later)
+                               "follows": g.name == "down" and cols == 1,
                                "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:
@@ -165,7 +168,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles // v["col_tiles"],
                         v["split"]],
-               "block": v["warps"] * 32, "reads": g.a, "writes": g.out}
+               "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
+               **({"launch": "programmatic dependent (sm_90 and later)"} if v["follows"] else {})}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

@@ -17,6 +17,7 @@ from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
+from .launch import launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -154,11 +155,20 @@ class MoeW4A16:
     y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
 
     The result is a view of the layer's output buffer, valid until the next call; pass
-    `out=` (fp16 [T, H]) to write elsewhere.
+    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later, in calls of at least
+    `pdl_min_tokens` tokens, the down GEMM's K-split kernel is launched with programmatic
+    dependent launch (moegen/targets/cuda/launch.py): it streams its first weight stages while
+    the gate/up GEMM finishes. `pdl=False` launches it after gate/up always (the same output,
+    bit for bit).
     """
 
+    # measured on the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch"):
+    # faster from T = 4 on the three example models (2-4% at T = 4..32), slower at T = 1 and,
+    # on DeepSeek-V2-Lite, at T = 2
+    pdl_min_tokens = 4
+
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
-                 arch: str | None = None, tuning="auto"):
+                 arch: str | None = None, tuning="auto", pdl: bool = True):
         cp = _cupy()
         tuning = resolve_tuning(tuning)
         self.spec = load_spec(spec)
@@ -183,6 +193,7 @@ class MoeW4A16:
         self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
         self.gemms = self.plan["gemms"]
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
+        self.pdl = pdl and pdl_supported(self.arch)
 
     # --- workspace views --------------------------------------------------------------------
     def _view(self, cp, name: str, dtype, count: int):
@@ -293,9 +304,13 @@ class MoeW4A16:
                 dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
                 summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
                 grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
-                self.kernels[v["kernel"]](grid, (v["warps"] * 32,),
-                                          (src, w, s, sorted_ids, expert_ids, total, wflat,
-                                           np.int32(slots), dst, partials, counters, *summed))
+                args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
+                        partials, counters, *summed)
+                if v["follows"] and self.pdl and t >= self.pdl_min_tokens:
+                    launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
+                                          stream)
+                else:
+                    self.kernels[v["kernel"]](grid, (v["warps"] * 32,), args)
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
                     act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
                     n = slots * m.intermediate_size

@@ -1,0 +1,92 @@
+"""Kernel launches with programmatic dependent launch (PDL, sm_90 and later).
+
+A kernel launched with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may
+start while the kernel before it in the stream is still running: its CTAs are scheduled once
+every CTA of that kernel has executed `griddepcontrol.launch_dependents` (or exited), and they
+see that kernel's writes only after `griddepcontrol.wait` (`moegen::release_dependents` and
+`moegen::wait_for_previous_kernel` in templates/cuda/moegen_w4a16.cuh). The MoE layer launches
+its down GEMM (the K-split CTA) this way: its CTAs fill the SMs that the gate/up GEMM's last
+wave leaves free and stream their first weight stages, which do not depend on gate/up, before
+they wait. Stream capture records these launches as programmatic edges of the CUDA graph.
+
+CuPy launches without attributes, so these go through the driver's `cuLaunchKernelEx` (ctypes;
+the structures below follow cuda.h).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig."""
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_launch_kernel_ex = None
+
+
+def _driver_entry():
+    """cuLaunchKernelEx from the driver library, loaded once; None where there is none."""
+    global _launch_kernel_ex
+    if _launch_kernel_ex is None:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+        except (OSError, AttributeError):
+            _launch_kernel_ex = False
+        else:
+            fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
+                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _launch_kernel_ex = fn
+    return _launch_kernel_ex or None
+
+
+def supported(arch: str) -> bool:
+    """Whether this process can launch with PDL for `arch` (sm_90 or later, a driver with
+    cuLaunchKernelEx)."""
+    return int(arch.removeprefix("sm_").rstrip("a")) >= 90 and _driver_entry() is not None
+
+
+def kernel_argument(value):
+    """One kernel argument as the ctypes value cuLaunchKernelEx copies: device arrays as their
+    pointer, numpy int32 / float32 scalars as themselves."""
+    data = getattr(value, "data", None)
+    if hasattr(data, "ptr"):                       # a CuPy array: its device pointer
+        return ctypes.c_void_p(data.ptr)
+    if isinstance(value, np.int32):
+        return ctypes.c_int32(int(value))
+    if isinstance(value, np.float32):
+        return ctypes.c_float(float(value))
+    raise TypeError(f"kernel argument: {type(value).__name__} is not a device array, "
+                    f"np.int32 or np.float32")
+
+
+def launch_after_previous(kernel, grid: tuple, block: int, args: tuple, stream,
+                          shared_bytes: int = 0) -> None:
+    """Launch a CuPy RawKernel on `stream` with PDL: it may be scheduled before the previous
+    kernel in the stream has finished (its code waits for that kernel before it reads what
+    that kernel writes; see the module docstring)."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    values = [kernel_argument(a) for a in args]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1                              # programmaticStreamSerializationAllowed
+    config = LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared_bytes, stream.ptr,
+                          ctypes.pointer(attr), 1)
+    function = getattr(kernel, "kernel", kernel)   # a RawKernel's driver function
+    status = _driver_entry()(ctypes.byref(config), function.ptr, params, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx({getattr(kernel, 'name', 'kernel')}): CUDA error "
+                           f"{status}")
