@@ -381,13 +381,13 @@ __device__ __forceinline__ void grouped_gemm(
   __shared__ int last_cta;
   float(*red)[64] = reinterpret_cast<float(*)[64]>(smem);   // after the K loop
 
-  // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
-  // close together and the tile comes from DRAM once, from L2 after
-  // a kernel launched after this one with programmatic dependent launch (the down GEMM after
+  // A kernel launched after this one with programmatic dependent launch (the down GEMM after
   // gate/up) may start once every CTA is here: its CTAs take the SMs this grid's last wave
   // leaves free and stream their first weights (measured: releasing after the K loop instead
-  // gains less at T = 16 and loses 3% at Mixtral T = 64)
+  // gains less at T = 16 and loses 3% at Mixtral T = 64).
   release_dependents();
+  // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
+  // close together and the tile comes from DRAM once, from L2 after
   const int blk = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
   if (!DENSE && blk * BLOCK >= *total_ptr) return;          // grid is sized for the worst case
   const int expert = DENSE ? 0 : expert_ids[blk];
