@@ -178,7 +178,10 @@ def test_tuned_split_per_gemm(tmp_path):
 
 def test_default_config_is_recognised_in_the_sweep():
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
-    assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 4)
+    # T = 1 is a bucket of its own (2 warps, the down GEMM split 8), T = 2..16 the next one
+    assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 8, warps=2)
+    assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
+    assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
     assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
@@ -190,6 +193,7 @@ def test_default_config_is_recognised_in_the_sweep():
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1))
 
 
 def test_sweep_covers_k_per_stage_and_warps_default_first():

@@ -79,7 +79,7 @@ def test_opt_pass_pipeline(tmp_path):
     f.write_text(built)
     out = run_moegen("opt", f, "--spec", spec, "--pass-pipeline", "fuse-align,tile",
                      check=True).stdout
-    assert "moe.align(" in out and "block_buckets = [[16, 4], [64, 4]]" in out
+    assert "moe.align(" in out and "block_buckets = [[1, 4], [16, 4], [64, 4]]" in out
     # a built module carries its spec: no --spec needed
     out2 = run_moegen("opt", f, "--pass-pipeline", "fuse-align,tile", check=True).stdout
     assert out2 == out

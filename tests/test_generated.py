@@ -44,7 +44,7 @@ def test_launch_plan():
     spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in ws["buffers"].values())
     assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"] < ws["counters"]["offset"]
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["bytes"]
-    assert plan["buckets"] == [[16, 8], [64, 16], [8192, 32]]
+    assert plan["buckets"] == [[1, 8], [16, 8], [64, 16], [8192, 32]]
     # the down GEMM splits K at T = 1 (2 experts x 64 tiles < 132 SMs): it has a partials area
     assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
 

@@ -9,7 +9,7 @@ from moegen.ir import parse
 from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
-from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling
+from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling, single_token_bucket
 from conftest import EXAMPLES, ROOT
 
 MOE = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
@@ -103,19 +103,26 @@ def test_moe_passes_printed(path):
     # above T = 64, block 8 while an average expert gets at most 8 slots (Qwen3: up to 128)
     tail = 8 * spec.moe.num_experts // spec.moe.top_k
     tail = tail if 64 < tail < spec.tokens.max else None
-    buckets = f"[[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else \
-        f"[[16, {fixed or 8}], [64, {fixed or mid}], " + (f"[{tail}, {fixed or 8}], " if tail
-                                                         else "") + \
-        f"[{spec.tokens.max}, {fixed or 32}]]"
-    # decode buckets: the K-split CTA (16 k a stage, 4 warps, 8 stages where shared memory
-    # holds them); the prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
+    # a bucket for T = 1 alone where the down GEMM of one token has fewer tiles than SMs
+    one = spec.tokens.max > 1 and single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
+    buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
+        f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
+        f"[16, {fixed or 8}], [64, {fixed or mid}], " + (f"[{tail}, {fixed or 8}], " if tail
+                                                        else "") +
+        f"[{spec.tokens.max}, {fixed or 32}]]")
+    # decode buckets: the K-split CTA (16 k a stage, 4 warps, 2 for T = 1 alone, 8 stages where
+    # shared memory holds them); the prefill bucket: the wide CTA of 4 column tiles, 32 k a
+    # stage, 4 stages
     wide = spec.tokens.max > 64
     narrow = ", 16" if tail else ""
-    tile = (r"block_k = \[16, 16" + narrow + (", 32" if wide else "") + r"\], warps = \[4(, 4)*\], "
-            r"stages = \[8, [358]" + (", 8" if tail else "") + (", 4" if wide else "")
-            + r"\], split_k = \[.*\], "
-            r"col_tiles = \[1, 1" + (", 1" if tail else "") + (", 4" if wide else "") + r"\], "
-            r"warp_rows = \[0, 0" + (", 0" if tail else "") + (", 32" if wide else "") + r"\]")
+    tile = (r"block_k = \[" + ("16, " if one else "") + "16, 16" + narrow + (", 32" if wide else "")
+            + r"\], warps = \[" + ("2, " if one else "") + r"4(, 4)*\], "
+            r"stages = \[" + ("8, " if one else "") + "8, [358]" + (", 8" if tail else "")
+            + (", 4" if wide else "") + r"\], split_k = \[.*\], "
+            r"col_tiles = \[" + ("1, " if one else "") + "1, 1" + (", 1" if tail else "")
+            + (", 4" if wide else "") + r"\], "
+            r"warp_rows = \[" + ("0, " if one else "") + "0, 0" + (", 0" if tail else "")
+            + (", 32" if wide else "") + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -284,9 +291,18 @@ def test_split_k_divides_k_and_fills_the_gpu():
         tile = op.attrs["tile"]
         k = op.operands[0].type.shape[1].value
         assert (k // 16) % (tile["split_k"][0] * tile["warps"][0]) == 0
-    # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles
-    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1]
-    assert gemms[1].attrs["tile"]["split_k"] == [4, 1, 1]
+    # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles,
+    # split to about 16 warps an SM: 8 ways in the single-token bucket (2 warps a CTA), 4 in
+    # the T = 2..16 bucket (4 warps, the split it had before T = 1 had a bucket of its own)
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [64, 16], [8192, 32]]
+    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 1, 1]
+    assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4]
+    # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
+    for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
+        module, _, _ = lower(moegen.load_spec(ROOT / "examples" / f"{name}.yaml"), "cuda")
+        op = next(op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16")
+        assert op.attrs["block_buckets"][0] == [16, 8] and op.attrs["tile"]["warps"][0] == 4
 
 
 def test_ascend_tiling_matches_the_sample():

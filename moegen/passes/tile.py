@@ -16,17 +16,21 @@ MoE (`moe_w4a16`):
   that T keeps block 8 and the K-split CTA (measured on the H200: at T = 65 Qwen3 121.5 against
   163.5 us with the wide CTA, DeepSeek 120.3 against 155.1; at T = 128 Qwen3 156.9 against
   165.6, while DeepSeek at 12 slots an expert is faster wide, 156.9 against 179.1). A spec
-  with `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket.
+  with `moe.block_size` or the option ``moe-block=N`` uses that block in every bucket. Where
+  the down GEMM of one token has fewer 64-column tiles than SMs (single_token_bucket: Mixtral,
+  the seed), T = 1 is a bucket of its own, of 2-warp CTAs.
 - GEMM tile for CUDA on each grouped GEMM: ``tile = {block_n, block_k, warps, stages, split_k}``:
   64 columns per CTA (the packed weight tile), then one entry per bucket in each list: k per
   ring stage (16; block-k=32 puts two k16 steps in each stage: fewer waits and barriers per
   byte), 4 warps splitting the CTA's K range (options set these for every bucket, a tuning
-  entry per bucket); stages: each warp streams its k16 steps through a cp.async ring of that
+  entry per bucket; 2 warps in the single-token bucket); stages: each warp streams its k16
+  steps through a cp.async ring of that
   many shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass
   48 KB: block 32 -> 5, 64 -> 3); split_k: in a decode bucket whose smallest call (one block
   per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
-  split over CTAs until about four CTAs per SM are busy; otherwise 1 (measured: splitting
-  when every SM already has a tile only adds the reduction). K/16 must divide evenly over
+  split over CTAs until about 16 warps per SM are busy (four CTAs of 4 warps, eight of 2; the
+  bucket after the single-token one keeps the split sized for one token); otherwise 1
+  (measured: splitting when every SM already has a tile only adds the reduction). K/16 must divide evenly over
   split_k x warps (warps drop to 2 or 1 when it does not).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
@@ -103,6 +107,17 @@ def align_up(x: int, a: int) -> int:
 
 
 DECODE_EDGES = (16, DECODE_MAX_TOKENS)
+SINGLE_TOKEN_WARPS = 2     # warps of the single-token bucket's CTAs (see single_token_bucket)
+
+
+def single_token_bucket(top_k: int, hidden: int) -> bool:
+    """Whether T = 1 gets a bucket of its own: where the down GEMM of one token has fewer
+    64-column tiles than the GPU has SMs (top_k x H / 64 < 132; Mixtral: 2 x 64), so its K is
+    split. There both GEMMs take 2 warps a CTA and the split doubles to keep about 16 warps on
+    an SM: smaller CTAs spread the split more evenly (measured on the H200, Mixtral T = 1:
+    73.3 against 75.6 us and 70.1 against 75.2 on another machine; slower from T = 4 on, so
+    only for T = 1; a third run: 72.7-73.4 against 74.5-75.3 on one draw, even on another)."""
+    return top_k * -(-hidden // GEMM_TILE["block_n"]) < SM_COUNT
 
 
 def decode_block(tokens: int, top_k: int, experts: int) -> int:
@@ -125,8 +140,9 @@ def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
     fixed = fixed or spec.moe.block_size
     m, top = spec.moe, spec.tokens.max
     tail = narrow_tail_edge(m.top_k, m.num_experts)
-    edges = ([e for e in DECODE_EDGES if e < top]
-             + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
+    edges = ([1] if top > 1 and single_token_bucket(m.top_k, m.hidden_size) else []) + (
+        [e for e in DECODE_EDGES if e < top]
+        + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
     buckets = []
     for edge in edges:
         block = (PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) else
@@ -155,10 +171,14 @@ def doubled_split(tiles: int, ctas_per_sm: int, allowed) -> int:
 
 
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
+    """K splits of a decode bucket's GEMM: 1 where its smallest call has a tile for every SM,
+    else doubled up to about CTAS_PER_SM CTAs of the default 4 warps an SM (as many more CTAs
+    as they have fewer warps)."""
     tiles = active_experts * -(-n // tile["block_n"])
     if tiles >= SM_COUNT:      # every SM has a tile already: splitting only adds a reduction
         return 1
-    return doubled_split(tiles, CTAS_PER_SM, lambda sp: splits_evenly(
+    per_sm = CTAS_PER_SM * GEMM_TILE["warps"] // tile["warps"]
+    return doubled_split(tiles, per_sm, lambda sp: splits_evenly(
         k_dim, sp, tile["warps"], tile["block_k"]))
 
 
@@ -383,7 +403,9 @@ class TilePass(Pass):
             return b[index] if b is not None and len(b) > index else default
 
         block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
-        warps = [fit_warps(k_dim, pick("warps", b, 6, GEMM_TILE["warps"])) for b in tuned]
+        warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if edge == 1 else
+                                       GEMM_TILE["warps"]))
+                 for (edge, _), b in zip(buckets, tuned)]
         for bk, w in zip(block_k, warps):
             if not splits_evenly(k_dim, 1, w, bk) or spec.quant.group_size % bk:
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
@@ -397,10 +419,15 @@ class TilePass(Pass):
         if tuned_buckets:
             splits = [b[4] if down and len(b) > 4 else b[2] for b in tuned_buckets]
         else:
+            # each decode bucket's split is sized for its smallest call; the bucket after the
+            # single-token one keeps the split sized for one token that it had before there was
+            # one (T = 2..16 measured so)
+            floors = [bucket_floor(buckets, i) for i in range(len(buckets))]
+            if buckets[0][0] == 1 and len(buckets) > 1:
+                floors[1] = 1
             splits = [
                 1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
-                    k_dim, n, min(spec.moe.num_experts,
-                                  bucket_floor(buckets, i) * spec.moe.top_k),
+                    k_dim, n, min(spec.moe.num_experts, floors[i] * spec.moe.top_k),
                     {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]})
                 for i, (edge, _) in enumerate(buckets)]
         for sp, w, bk in zip(splits, warps, block_k):

@@ -284,12 +284,31 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 // moegen::grouped_gemm_wide, the wide CTA of prefill buckets, or grouped_gemm_wgmma, the same
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
 // wide CTAs use no partials or counters).
+// gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 8, 8 ring stages of 16 k, 2 warps
+extern "C" __global__ void __launch_bounds__(64)
+moe_gemm_gate_up_b4_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
+    float* partials, int* counters) {
+  moegen::grouped_gemm<4, 8, 256, 4, 128, 128, 2, 8, 1, 2, 1, true, false, false>(
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
+}
+
 // gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
   moegen::grouped_gemm<4, 4, 256, 4, 128, 128, 4, 8, 1, 2, 1, true, false, false>(
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
+}
+
+// down: K = 128, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 2 warps
+// (launched with programmatic dependent launch on sm_90: its first weight stages stream while gate/up finishes)
+extern "C" __global__ void __launch_bounds__(64)
+moe_gemm_down_b4_s4_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
+    float* partials, int* counters) {
+  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
