@@ -10,6 +10,7 @@ from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocE
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
 from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling, single_token_bucket
+from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
 
 MOE = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
@@ -303,6 +304,11 @@ def test_split_k_divides_k_and_fills_the_gpu():
         module, _, _ = lower(moegen.load_spec(ROOT / "examples" / f"{name}.yaml"), "cuda")
         op = next(op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16")
         assert op.attrs["block_buckets"][0] == [16, 8] and op.attrs["tile"]["warps"][0] == 4
+    # a spec of one token at most has one bucket, an ordinary one (4 warps), even where the
+    # down GEMM of a token splits
+    module, _, _ = lower(moegen.load_spec(moe_spec(4096, 1408, 8, 2, tokens_max=1)), "cuda")
+    for op in (op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"):
+        assert op.attrs["block_buckets"] == [[1, 8]] and op.attrs["tile"]["warps"] == [4]
 
 
 def test_ascend_tiling_matches_the_sample():

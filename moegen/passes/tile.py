@@ -30,8 +30,8 @@ MoE (`moe_w4a16`):
   per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
   split over CTAs until about 16 warps per SM are busy (four CTAs of 4 warps, eight of 2; the
   bucket after the single-token one keeps the split sized for one token); otherwise 1
-  (measured: splitting when every SM already has a tile only adds the reduction). K/16 must divide evenly over
-  split_k x warps (warps drop to 2 or 1 when it does not).
+  (measured: splitting when every SM already has a tile only adds the reduction). K/16 must
+  divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
   tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps
@@ -402,10 +402,13 @@ class TilePass(Pass):
                 return self.option(option)
             return b[index] if b is not None and len(b) > index else default
 
+        # moe_buckets put a bucket for T = 1 alone first (single_token_bucket); a spec whose
+        # tokens.max is 1 has one bucket, an ordinary one
+        single = len(buckets) > 1 and buckets[0][0] == 1
         block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
-        warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if edge == 1 else
-                                       GEMM_TILE["warps"]))
-                 for (edge, _), b in zip(buckets, tuned)]
+        warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if single and i == 0
+                                       else GEMM_TILE["warps"]))
+                 for i, b in enumerate(tuned)]
         for bk, w in zip(block_k, warps):
             if not splits_evenly(k_dim, 1, w, bk) or spec.quant.group_size % bk:
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
@@ -422,9 +425,8 @@ class TilePass(Pass):
             # each decode bucket's split is sized for its smallest call; the bucket after the
             # single-token one keeps the split sized for one token that it had before there was
             # one (T = 2..16 measured so)
-            floors = [bucket_floor(buckets, i) for i in range(len(buckets))]
-            if buckets[0][0] == 1 and len(buckets) > 1:
-                floors[1] = 1
+            floors = [1 if single and i == 1 else bucket_floor(buckets, i)
+                      for i in range(len(buckets))]
             splits = [
                 1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
                     k_dim, n, min(spec.moe.num_experts, floors[i] * spec.moe.top_k),

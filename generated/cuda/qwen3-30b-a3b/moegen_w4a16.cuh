@@ -565,17 +565,14 @@ __device__ __forceinline__ void grouped_gemm(
     for (int s = 0; s < STAGES; ++s)
       if (s < WARP_ITERS) issue_weights(s);
     wait_for_previous_kernel();
+  }
 #pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      if (s < WARP_ITERS) issue_rows(s);
-      cp_async_commit();
+  for (int s = 0; s < STAGES; ++s) {
+    if (s < WARP_ITERS) {
+      if constexpr (!FOLLOWS) issue_weights(s);
+      issue_rows(s);
     }
-  } else {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      if (s < WARP_ITERS) issue(s);
-      cp_async_commit();
-    }
+    cp_async_commit();
   }
   cp_async_wait<STAGES - 1>();             // stage 0 has landed
   __syncwarp();
