@@ -123,6 +123,18 @@ def test_group_sizes_and_odd_columns(rng):
             assert rel_err(got, want) <= 2e-3, (g, h, i, t)
 
 
+def test_a_spec_of_one_token(rng):
+    """tokens.max = 1: one ordinary bucket (4 warps), also where a larger spec of the same
+    model would give T = 1 its single-token bucket (the first shape)."""
+    for h, i, e, k in ((256, 128, 8, 2), (1024, 512, 64, 6)):
+        layer = layer_for(moe_spec(h, i, e, k, tokens_max=1))
+        assert all(len(kern["buckets"]) == 1 for kern in layer.plan["kernels"]
+                   if "buckets" in kern), layer.plan["kernels"]
+        for use_router in (True, False):
+            got, want = run_case(rng, layer, 1, use_router=use_router)
+            assert rel_err(got, want) <= 2e-3, (h, i, e, k, use_router)
+
+
 BLOCK_K32 = "fuse-align,fuse-swiglu,tile{block-k=32},alloc"
 
 

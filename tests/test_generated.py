@@ -9,6 +9,7 @@ import pytest
 
 import moegen
 from moegen.targets.compile import emit
+from moegen.targets.cuda.launch import PDL_MIN_TOKENS
 from conftest import ROOT
 
 GENERATED = ROOT / "generated"
@@ -51,16 +52,18 @@ def test_launch_plan():
 
 def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
     """The launch plan marks the down GEMM's K-split kernels (decode buckets) for programmatic
-    dependent launch, and their source passes FOLLOWS = true; gate/up and the wide CTAs launch
-    plainly."""
+    dependent launch, and their source passes FOLLOWS = true; gate/up, the wide CTAs and the
+    kernels of buckets below PDL_MIN_TOKENS (Mixtral's T = 1) launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
         plan = json.loads(files[f"{name}.launch.json"])
         source = files[f"{name}.cu"]
         up, down = plan["gemms"]
-        follows = {v["kernel"] for v in down["variants"] if v["col_tiles"] == 1}
+        follows = {v["kernel"] for v in down["variants"]
+                   if v["col_tiles"] == 1 and v["max_tokens"] >= PDL_MIN_TOKENS}
         assert follows and all(not v["follows"] for v in up["variants"])
+        assert (down["variants"][0]["max_tokens"] < PDL_MIN_TOKENS) == (name == "mixtral-8x7b")
         assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows
         for v in up["variants"] + down["variants"]:
             body = source[source.index(v["kernel"] + "("):]

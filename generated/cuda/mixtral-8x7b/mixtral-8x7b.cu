@@ -325,12 +325,11 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 8, split-K 8, 8 ring stages of 16 k, 2 warps
-// (launched with programmatic dependent launch on sm_90: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b8_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 8, 14336, 64, 4096, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<8, 8, 14336, 64, 4096, 128, 2, 8, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

@@ -303,12 +303,11 @@ moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, co
 }
 
 // down: K = 128, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 2 warps
-// (launched with programmatic dependent launch on sm_90: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b4_s4_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

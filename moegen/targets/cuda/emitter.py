@@ -17,6 +17,7 @@ from ...passes.tile import ALIGN_WARPS, GEMM_TILE, align_up
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
+from .launch import PDL_MIN_TOKENS
 
 HEADER_FILE = "moegen_w4a16.cuh"
 ROUTER_WARPS = 4
@@ -95,8 +96,10 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                # the down GEMM's K-split CTA: launched with programmatic
-                               # dependent launch where the GPU has it (sm_90 and later)
-                               "follows": g.name == "down" and cols == 1,
+                               # dependent launch where the GPU has it (sm_90 and later), in
+                               # buckets that hold calls of PDL_MIN_TOKENS tokens or more
+                               "follows": g.name == "down" and cols == 1
+                                          and edge >= PDL_MIN_TOKENS,
                                "kernel": kernel})
         plans.append(g)
     if len(plans) != 2:

@@ -20,6 +20,13 @@ import numpy as np
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
 
+# The fewest tokens a call must have for its down GEMM to follow gate/up with PDL. Measured on
+# the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch"): faster from T = 4
+# on the three example models (2-4% at T = 4..32), slower at T = 1 and, on DeepSeek-V2-Lite, at
+# T = 2. A bucket whose largest call is below it compiles its down GEMM without the PDL prologue
+# and is launched plainly.
+PDL_MIN_TOKENS = 4
+
 
 class LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union."""

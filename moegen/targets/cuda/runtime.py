@@ -17,7 +17,7 @@ from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import launch_after_previous, supported as pdl_supported
+from .launch import PDL_MIN_TOKENS, launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -162,10 +162,9 @@ class MoeW4A16:
     bit for bit).
     """
 
-    # measured on the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch"):
-    # faster from T = 4 on the three example models (2-4% at T = 4..32), slower at T = 1 and,
-    # on DeepSeek-V2-Lite, at T = 2
-    pdl_min_tokens = 4
+    # launch.PDL_MIN_TOKENS; raising it launches more calls plainly (kernels of buckets below
+    # PDL_MIN_TOKENS are compiled without the PDL prologue and always launch plainly)
+    pdl_min_tokens = PDL_MIN_TOKENS
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
                  arch: str | None = None, tuning="auto", pdl: bool = True):
