@@ -292,18 +292,22 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
 @dataclass(frozen=True)
 class MsdConfig:
     """One point of the MSD sweep: the lowering and its tile (for msd also the MMA, columns per
-    CTA and the warps of each unit; both schedules of a compiled module are timed)."""
+    CTA, the warps of each unit, weight ring stages and the occupancy the kernel is built for;
+    both schedules of a compiled module are timed)."""
     lowering: str
     split_k: int
     mma: str = "s8"
     block_n: int = 128
     vec_warps: int = 2
     cube_warps: int = 2
+    stages: int = 4
+    occupancy: int = 0
 
     def pipeline(self) -> str:
         opts = f"split-k={self.split_k}" + (
             f",mma={self.mma},block-n={self.block_n},vec-warps={self.vec_warps},"
-            f"cube-warps={self.cube_warps}" if self.lowering == "msd" else "")
+            f"cube-warps={self.cube_warps},stages={self.stages},occupancy={self.occupancy}"
+            if self.lowering == "msd" else "")
         return f"tile{{{opts}}},schedule,alloc"
 
     def as_dict(self, schedule: str | None = None) -> dict:
@@ -311,23 +315,28 @@ class MsdConfig:
             return {"lowering": "dequant", "split_k": self.split_k}
         return {"lowering": "msd", "schedule": schedule, "mma": self.mma,
                 "block_n": self.block_n, "vec_warps": self.vec_warps,
-                "cube_warps": self.cube_warps, "split_k": self.split_k}
+                "cube_warps": self.cube_warps, "split_k": self.split_k,
+                "stages": self.stages, "occupancy": self.occupancy}
 
 
 def msd_config_space(spec: Spec) -> list[MsdConfig]:
     """msd: s8 MMA on 64, 128 or 256 columns (8 n8 tiles a matrix warp) x 2, 4 or 8 vector
-    warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA);
-    dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering.
-    Ordered so that a short budget covers the default layout and the dequant lowering."""
-    from .passes.tile import fit_warps, msd_cube_warps, msd_warp_layout, splits_evenly
+    warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA),
+    with the ring stages and occupancy of the rows' default layout (the tile pass bounds the
+    occupancy by each layout's shared memory and threads); dequant: split-K over k16 steps of
+    its warps, where its shape rule allows the lowering. Ordered so that a short budget covers
+    the default layout and the dequant lowering."""
+    from .passes.tile import (MSD_CUDA_TILE, fit_warps, msd_cube_warps, msd_warp_layout,
+                              splits_evenly)
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
-    layout = msd_warp_layout(s.m)
+    layout = {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}
     own = (layout["block_n"], layout["vec_warps"])
 
     def msd(split: int, mma: str, block_n: int, vec: int) -> MsdConfig:
-        return MsdConfig("msd", split, mma, block_n, vec, msd_cube_warps(block_n))
+        return MsdConfig("msd", split, mma, block_n, vec, msd_cube_warps(block_n),
+                         layout["stages"], layout["occupancy"])
     # the default layout's splits first, then the dequant lowering, then the other layouts and
     # the s4 MMA: a short budget still measures both lowerings
     out = [msd(sp, "s8", *own) for sp in splits]
@@ -348,7 +357,7 @@ def msd_default_config(spec: Spec) -> dict:
     if spec.lowering == "dequant":
         return MsdConfig("dequant", tile["split_k"]).as_dict()
     return MsdConfig("msd", tile["split_k"], tile["mma"], tile["block_n"], tile["vec_warps"],
-                     tile["cube_warps"]).as_dict(spec.schedule)
+                     tile["cube_warps"], tile["w_stages"], tile["occupancy"]).as_dict(spec.schedule)
 
 
 def default_config(spec: Spec, tokens: int) -> MoeConfig:

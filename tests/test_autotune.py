@@ -292,14 +292,23 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
     at.TuningDB(path).record(MSD, H200, results)
     tuning = at.Tuning(at.TuningDB(path), H200)
     text = str(lower(MSD, "cuda", tuning=tuning)[0])
+    # an entry recorded before stages and occupancy were: the 4 stages, no register cap it had
     assert ('tile = {block_n = 64, w_stages = 4, x_stages = 4, mma = "s4", vec_warps = 4, '
-            'cube_warps = 1, split_k = 2}') in text
+            'cube_warps = 1, split_k = 2, occupancy = 0}') in text
+    # the sweep's candidates carry the default layout's stages and occupancy (M = 1: 3 and 6);
+    # the tile pass bounds the occupancy by the candidate's threads (160: 5 CTAs an SM)
+    assert {(c.stages, c.occupancy) for c in space if c.lowering == "msd"} == {(3, 6)}
+    results[1]["config"].update(stages=3, occupancy=6)
+    at.TuningDB(path).record(MSD, H200, results)
+    text = str(lower(MSD, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    assert ('tile = {block_n = 64, w_stages = 3, x_stages = 4, mma = "s4", vec_warps = 4, '
+            'cube_warps = 1, split_k = 2, occupancy = 5}') in text
     import dataclasses
     dq = dataclasses.replace(MSD, lowering="dequant")
     assert "split_k = 8}" in str(lower(dq, "cuda", tuning=tuning)[0])
     # an option still beats the database
-    assert "split_k = 1}" in str(lower(MSD, "cuda", "tile{split-k=1},schedule,alloc",
-                                       tuning=tuning)[0])
+    assert "split_k = 1, occupancy" in str(lower(MSD, "cuda", "tile{split-k=1},schedule,alloc",
+                                                 tuning=tuning)[0])
 
 
 def test_msd_default_config_records_the_default_tile(tmp_path):

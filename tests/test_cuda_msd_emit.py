@@ -67,7 +67,10 @@ def test_launch_plan_lists_both_templates():
     pre = plan["kernels"][1]
     assert pre["slots"] == {"a_max": 2, "a_unfold": 3, "y_int": 2}
     assert pre["actions"]["vec"]["step"][6] == [1, "merge(i-1)"]
-    assert pre["grid"][:2] == [12288 // 128, 4]         # 128 columns, 16 of the 64 groups each
+    assert pre["grid"][:2] == [12288 // 128, 8]         # 128 columns, 8 of the 64 groups each
+    assert plan["tile"]["occupancy"] == 6               # M = 1: 6 CTAs an SM, in one wave
+    assert "__launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)" in emit(
+        SEED, "cuda")["msd-seed.cu"]
     assert pre["block"] == 32 * (2 + 2)                 # M = 1: two vector and two matrix warps
 
 

@@ -258,13 +258,24 @@ def msd_tile(m: int, pipeline: str | None = None) -> dict:
 
 def test_msd_warp_layout_follows_the_rows():
     """A vector warp for every row or two (up to 8), 8 n8 tiles per matrix warp, about three
-    CTAs per SM along K; the CTA's threads are what the launch plan says."""
-    for m, want in ((1, (128, 2, 2, 4)), (4, (128, 4, 2, 4)), (16, (256, 8, 4, 8))):
+    CTAs per SM along K (M = 1: six, in one wave, registers capped for them); the CTA's threads
+    are what the launch plan says."""
+    for m, want in ((1, (128, 2, 2, 8, 6, 3)), (4, (128, 4, 2, 4, 0, 4)),
+                    (16, (256, 8, 4, 8, 0, 4))):
         t = msd_tile(m)
-        assert (t["block_n"], t["vec_warps"], t["cube_warps"], t["split_k"]) == want
-        assert 12288 // t["block_n"] * t["split_k"] <= MSD_CTAS_PER_SM * 132
+        assert (t["block_n"], t["vec_warps"], t["cube_warps"], t["split_k"], t["occupancy"],
+                t["w_stages"]) == want
+        ctas = 12288 // t["block_n"] * t["split_k"]
+        assert ctas <= max(MSD_CTAS_PER_SM, t["occupancy"]) * 132 < 2 * ctas
     t = msd_tile(16, "tile{block-n=64,vec-warps=1,cube-warps=8},schedule,alloc")
     assert (t["block_n"], t["vec_warps"], t["cube_warps"]) == (64, 1, 8)
+    # the occupancy as an option, and bounded by shared memory and by 80 registers a thread
+    t = msd_tile(1, "tile{occupancy=0,stages=4},schedule,alloc")
+    assert (t["split_k"], t["occupancy"], t["w_stages"]) == (4, 0, 4)
+    assert msd_tile(1, "tile{stages=4},schedule,alloc")["occupancy"] == 5     # 45.6 KB each
+    assert msd_tile(1, "tile{block-n=256},schedule,alloc")["occupancy"] == 3  # 66 KB each
+    t = msd_tile(4, "tile{block-n=64,cube-warps=1,occupancy=8},schedule,alloc")
+    assert t["occupancy"] == 5                                      # 160 threads x 80 registers
 
 
 @pytest.mark.parametrize("pipeline,message", [

@@ -86,13 +86,15 @@ SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
-MSD_CUDA_TILE = {"stages": 4, "mma": "s8"}   # and msd_warp_layout(m)
+MSD_CUDA_TILE = {"stages": 4, "mma": "s8", "occupancy": 0}   # and msd_warp_layout(m)
 MSD_WARPS = (1, 2, 4, 8)    # choices of vector and of matrix warps per MSD CTA
 MSD_BLOCK_N = (16, 32, 64, 128, 256)
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
+SM_SHARED_BYTES = 228 * 1024   # shared memory of an SM on sm_90 (1 KB of it reserved per CTA)
+MSD_MIN_REGISTERS = 80      # an MSD thread's registers are never capped below this (M = 1 needs 80)
 MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
 WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 row groups of 32)
@@ -267,16 +269,30 @@ def msd_cube_warps(block_n: int) -> int:
 def msd_warp_layout(m: int) -> dict:
     """Columns per CTA and warps of the vector and matrix units by rows of A (measured at the
     seed shape, M = 1, 4, 16): a vector warp for every row or two, up to 8; 128 columns over 2
-    matrix warps up to M = 4, then 256 over 4."""
+    matrix warps up to M = 4, then 256 over 4. M = 1 is built for 6 CTAs an SM (3 weight
+    stages, registers capped to hold them; msd_occupancy): its steps wait on one vector warp's
+    unfold, so more CTAs an SM, each with fewer steps, keep more weights in flight (measured:
+    preload 24.2 -> 23.5 us, basic 28.8 -> 24.6 at the seed shape)."""
     vec = 2 if m <= 2 else 4 if m <= 4 else 8
     block_n = 128 if m <= 4 else 256
-    return {"block_n": block_n, "vec_warps": vec, "cube_warps": msd_cube_warps(block_n)}
+    return {"block_n": block_n, "vec_warps": vec, "cube_warps": msd_cube_warps(block_n),
+            **({"stages": 3, "occupancy": 6} if m == 1 else {})}
 
 
-def msd_split_k(groups: int, col_blocks: int) -> int:
-    """CTAs along K for the MSD kernel: doubled while about MSD_CTAS_PER_SM CTAs per SM are not
+def msd_occupancy(wanted: int, threads: int, shared_bytes: int) -> int:
+    """CTAs an SM the MSD kernel is built for: `wanted` (0: no register cap), at most what the
+    shared memory holds and what leaves a thread MSD_MIN_REGISTERS registers."""
+    if not wanted:
+        return 0
+    by_shared = SM_SHARED_BYTES // (shared_bytes + 1024)
+    by_registers = 65536 // (threads * MSD_MIN_REGISTERS)
+    return max(1, min(wanted, by_shared, by_registers))
+
+
+def msd_split_k(groups: int, col_blocks: int, ctas_per_sm: int = MSD_CTAS_PER_SM) -> int:
+    """CTAs along K for the MSD kernel: doubled while about `ctas_per_sm` CTAs per SM are not
     yet busy, each keeping at least two whole groups."""
-    return doubled_split(col_blocks, MSD_CTAS_PER_SM,
+    return doubled_split(col_blocks, ctas_per_sm,
                          lambda sp: groups % sp == 0 and groups // sp >= 2)
 
 
@@ -327,6 +343,9 @@ class TilePass(Pass):
                                    "mma.sync only",
                         choices=(0, 1), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
+        "occupancy": Option(int, None, "MSD: CTAs an SM the kernel is built for (registers "
+                                       "capped to hold them, K split to fill them); 0: uncapped",
+                            minimum=0),
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
@@ -501,8 +520,11 @@ class TilePass(Pass):
         """The CUDA MSD kernel's tile: options first, then a tuning entry, then the defaults;
         columns (and with them matrix warps) halved while shared memory would not hold it."""
         s = spec.msd
-        tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v))
-                for k, v in {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}.items()}
+        base = {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}
+        if tuned and "occupancy" not in tuned:
+            # an entry without stages and occupancy was measured before they were recorded
+            base.update(stages=MSD_CUDA_TILE["stages"], occupancy=MSD_CUDA_TILE["occupancy"])
+        tile = {k: self.option(k.replace("_", "-"), tuned.get(k, v)) for k, v in base.items()}
         g = spec.quant.group_size
         groups = s.k // g
         vec, fixed_n = tile["vec_warps"], self.option("block-n") is not None or "block_n" in tuned
@@ -534,9 +556,11 @@ class TilePass(Pass):
                                 f"{shared(t)} bytes of shared memory (at most "
                                 f"{MSD_SHARED_LIMIT}): use fewer columns per CTA or weight ring "
                                 f"stages (stages=2)")
-        split = self.option("split-k", tuned.get("split_k") or
-                            msd_split_k(groups, -(-s.n // t["block_n"])))
+        threads = 32 * (t["vec_warps"] + t["cube_warps"])
+        occupancy = msd_occupancy(tile["occupancy"], threads, shared(t))
+        split = self.option("split-k", tuned.get("split_k") or msd_split_k(
+            groups, -(-s.n // t["block_n"]), max(occupancy, MSD_CTAS_PER_SM)))
         if groups % split:
             raise PipelineError(f"tile{{split-k={split}}}: the {groups} groups of K do not "
                                 f"split evenly")
-        return {**t, "split_k": split}
+        return {**t, "split_k": split, "occupancy": occupancy}

@@ -4,7 +4,7 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 128 output columns and 16 of the 64 groups of K; the 4 CTAs along K add
+// One CTA per 128 output columns and 8 of the 64 groups of K; the 8 CTAs along K add
 // their partial sums in a fixed order. The warps play the units of the schedule pass: warps
 // 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
 // r % 2; merge: int32 Y -> fp32 accumulators, 64 columns per warp), warps 2 .. 3 the
@@ -18,7 +18,7 @@
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
 // rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
-// stream the weights through a cp.async ring 4 groups deep, the vector warps their
+// stream the weights through a cp.async ring 3 groups deep, the vector warps their
 // activation rows through one 4 groups deep and the scales of their merge columns along
 // with them (so no step waits on a global load). Each CTA unfolds the (tiny) activations itself, so the schedule's
 // all-core flags stay inside the CTA.
@@ -27,7 +27,7 @@
 namespace msd {
 constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
-constexpr int SPLIT = 4;                // CTAs along K: each takes STEPS consecutive groups
+constexpr int SPLIT = 8;                // CTAs along K: each takes STEPS consecutive groups
 constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 128;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
@@ -41,6 +41,7 @@ constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
 constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
 constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte stores of 4 rows meet no bank twice
 constexpr int WEIGHT_BIAS = 8;                  // packed nibble = q + WEIGHT_BIAS
+constexpr float ROUND_SHIFT = 12582912.0f;      // 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
 constexpr int VEC_WARPS = 2, CUBE_WARPS = 2;
@@ -50,7 +51,7 @@ static_assert(WARP_N8 >= 1 && WARP_N8 * 8 * CUBE_WARPS == BLOCK_N, "whole n8 til
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
 static_assert(PER == 2 || PER == 4 || PER == 8, "a lane's activations lie within one 32-bit word of int4");
 constexpr int VEC_ROWS = (M + VEC_WARPS - 1) / VEC_WARPS;   // rows of vector warp 0 (the most)
-constexpr int W_STAGES = 4, X_STAGES = 4;
+constexpr int W_STAGES = 3, X_STAGES = 4;
 constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
 constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector warp
 // the scale ring of a vector warp: one slot more than the activation ring, since merge reads a
@@ -194,9 +195,11 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
       int sum = 0;
 #pragma unroll
       for (int i = 0; i < PER; ++i) {
-        const float v = rintf(t[i]);            // round half to even, as numpy
-        t[i] -= v;
-        const int q = static_cast<int>(v);
+        // round half to even, as numpy: adding 1.5 x 2^23 (|t| <= 7.49 < 2^22) leaves q in the low
+        // mantissa bits, exactly rintf's result, on the FMA pipe instead of two conversions
+        const float shifted = __fadd_rn(t[i], ROUND_SHIFT);
+        const int q = __float_as_int(shifted) - __float_as_int(ROUND_SHIFT);
+        t[i] -= __fsub_rn(shifted, ROUND_SHIFT);
         sum += q;
         (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
       }
@@ -335,7 +338,8 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
 
 // ---------------------------------------------------------------------------------------------
 // basic: the schedule pass's action lists (lag 0); slots A_max 1, unfolded A 1, Y 1
-extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
+// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill them)
+extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
 msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y,
                         float* __restrict__ partials, int* __restrict__ counters) {
@@ -405,7 +409,8 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
 
 // ---------------------------------------------------------------------------------------------
 // preload: the schedule pass's action lists (lag 1); slots A_max 2, unfolded A 3, Y 2
-extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS)
+// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill them)
+extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
 msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y,
                         float* __restrict__ partials, int* __restrict__ counters) {

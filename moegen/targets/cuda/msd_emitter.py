@@ -102,7 +102,7 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         MMA=tile["mma"], VEC_WARPS=tile["vec_warps"], CUBE_WARPS=tile["cube_warps"],
         factors=factors,
         inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
-        SPLIT=tile["split_k"], flags=flags,
+        SPLIT=tile["split_k"], OCCUPANCY=tile.get("occupancy", 0), flags=flags,
         barriers=first,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
