@@ -91,12 +91,17 @@ def test_group_64(rng):
     check_msd(rng, spec_for(2, 4096, 4096, 3, group=64))
 
 
-def test_s4_and_s8_mma_agree_bitwise(rng):
-    spec = spec_for(5, 4096, 4096, 3)
-    x, w, s = draws(rng, 5, 4096, 4096, 128, True)
+@pytest.mark.parametrize("m", [2, 5])
+def test_s4_and_s8_mma_agree_bitwise(rng, m):
+    """The same int32 products: s4 (rows as the A operand) against s8, which takes the rows as
+    the B operand at M = 2 (6 unfolded rows) and as the A operand at M = 5 (15)."""
+    spec = spec_for(m, 4096, 4096, 3)
+    x, w, s = draws(rng, m, 4096, 4096, 128, True)
     ys = []
     for pipeline in ("tile{mma=s4},schedule,alloc", "tile{mma=s8},schedule,alloc"):
         op = moegen.cuda.MsdMatmul(spec, pipeline=pipeline)
+        rows_as_b = "multiply_rows_as_b(sh" in op.program.source
+        assert rows_as_b == (m == 2 and "s8" in pipeline), pipeline
         ys.append(run(op, x, op.pack(w), s, "preload").view(np.uint16))
     assert np.array_equal(ys[0], ys[1])
 

@@ -44,7 +44,8 @@ def test_kernels_render_the_schedule():
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
     assert check(source, schedules()) == []
-    assert "moegen::mma_s8u8_16832(" in source        # the default MMA: s8 x u8 on widened int4
+    # the default MMA on widened int4: u8 weights x s8 rows (M = 1: the rows as the B operand)
+    assert "moegen::mma_u8s8_16832(" in source
     assert "moegen::mma_s4u4_16864(" in emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
 
 
@@ -69,8 +70,10 @@ def test_launch_plan_lists_both_templates():
     assert pre["actions"]["vec"]["step"][6] == [1, "merge(i-1)"]
     assert pre["grid"][:2] == [12288 // 128, 8]         # 128 columns, 8 of the 64 groups each
     assert plan["tile"]["occupancy"] == 6               # M = 1: 6 CTAs an SM, in one wave
-    assert "__launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)" in emit(
-        SEED, "cuda")["msd-seed.cu"]
+    source = emit(SEED, "cuda")["msd-seed.cu"]
+    assert "__launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)" in source
+    # 3 unfolded rows: the s8 MMA takes them as its B operand (the other form is not emitted)
+    assert "multiply_rows_as_b(sh" in source and "multiply_rows_as_a" not in source
     assert pre["block"] == 32 * (2 + 2)                 # M = 1: two vector and two matrix warps
 
 

@@ -8,7 +8,7 @@
 // their partial sums in a fixed order. The warps play the units of the schedule pass: warps
 // 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
 // r % 2; merge: int32 Y -> fp32 accumulators, 64 columns per warp), warps 2 .. 3 the
-// matrix unit (64 columns per warp; mma.sync m16n8k32 s8 x u8, the weights widened in registers -> s32).
+// matrix unit (64 columns per warp; mma.sync m16n8k32 u8 x s8, the weights widened in registers as the A operand -> s32).
 // One CTA unfolds each group of A once for all its columns: more columns per CTA, less
 // unfolding in all.
 // The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to bytes with one mask
@@ -220,6 +220,44 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
   load_x(sh, x, scale, unit, g + X_STAGES - 1);   // into x stage g - 1, read by now
 }
 
+// Y[y_slot] from a matrix warp's weights of one group (b: its n8 tiles x k64 steps), the
+// unfolded rows (at most 8) as the MMA's B operand (n8: the words .x and .z of each fragment,
+// its rows 0..7) and the weights as its A operand (m16: two n8 tiles, 16 columns). M = 1
+// (3 rows) issues half the MMAs it would with the rows as the A operand (16 rows, 13 of them
+// empty); the int32 sums are the same.
+static_assert(ROWS <= 8, "one n8 tile of unfolded rows");
+__device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2 (&b)[WARP_N8][KSTEPS],
+                                                   const unsigned* au, int cw, int y_slot) {
+  const int lane = threadIdx.x & 31;
+  int c[WARP_N8 / 2][4] = {};
+#pragma unroll
+  for (int h = 0; h < KSTEPS; ++h) {
+    const uint4* frags = reinterpret_cast<const uint4*>(au) + 2 * h * 32 + lane;
+    const uint4 f0 = frags[0], f1 = frags[32];  // k32 blocks 2h and 2h + 1
+#pragma unroll
+    for (int p = 0; p < WARP_N8 / 2; ++p) {
+      // columns 16 p + lane / 4 (tile 2 p) and + 8 (tile 2 p + 1): even k, then odd k
+      unsigned a_lo[4], a_hi[4];
+      moegen::widen_u4(b[2 * p][h].x, a_lo[0], a_lo[2]);
+      moegen::widen_u4(b[2 * p + 1][h].x, a_lo[1], a_lo[3]);
+      moegen::widen_u4(b[2 * p][h].y, a_hi[0], a_hi[2]);
+      moegen::widen_u4(b[2 * p + 1][h].y, a_hi[1], a_hi[3]);
+      moegen::mma_u8s8_16832(c[p], a_lo, f0.x, f0.z);
+      moegen::mma_u8s8_16832(c[p], a_hi, f1.x, f1.z);
+    }
+  }
+  // c[p][q]: column 16 p + lane / 4 (+ 8 from q = 2), row 2 (lane % 4) (+ 1 for odd q)
+#pragma unroll
+  for (int p = 0; p < WARP_N8 / 2; ++p)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int row = 2 * (lane % 4) + (q & 1);
+      const int col = (cw * WARP_N8 + 2 * p) * 8 + lane / 4 + (q >= 2 ? 8 : 0);
+      if (row < ROWS) sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col] = c[p][q];
+    }
+}
+
+
 // int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
@@ -235,34 +273,7 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
     for (int h = 0; h < KSTEPS; ++h) b[j][h] = stage[(j * KSTEPS + h) * 32 + lane];
   load_w(sh, w, cw, g + W_STAGES - 1);
   const unsigned* au = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS;
-  for (int mt = 0; mt < MT; ++mt) {
-    int c[WARP_N8][4] = {};
-#pragma unroll
-    for (int h = 0; h < KSTEPS; ++h) {
-      // the A fragments of k32 blocks 2h (the weights' word .x) and 2h + 1 (.y)
-      const uint4* frags = reinterpret_cast<const uint4*>(au) + (mt * KBLOCKS + 2 * h) * 32 + lane;
-      const uint4 f0 = frags[0], f1 = frags[32];
-      const unsigned lo[4] = {f0.x, f0.y, f0.z, f0.w}, hi[4] = {f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-      for (int j = 0; j < WARP_N8; ++j) {
-        unsigned e0, o0, e1, o1;
-        moegen::widen_u4(b[j][h].x, e0, o0);
-        moegen::widen_u4(b[j][h].y, e1, o1);
-        moegen::mma_s8u8_16832(c[j], lo, e0, o0);
-        moegen::mma_s8u8_16832(c[j], hi, e1, o1);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < WARP_N8; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {    // rows lane / 4 and lane / 4 + 8 of the tile
-        const int row = mt * 16 + lane / 4 + 8 * half;
-        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
-        if (row < ROWS)
-          *reinterpret_cast<int2*>(&sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col]) =
-              make_int2(c[j][2 * half], c[j][2 * half + 1]);
-      }
-  }
+  multiply_rows_as_b(sh, b, au, cw, y_slot);
 }
 
 // the merge column of this lane's j-th column slot in its warp's share of the CTA's columns

@@ -103,6 +103,10 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         factors=factors,
         inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
         SPLIT=tile["split_k"], OCCUPANCY=tile.get("occupancy", 0), flags=flags,
+        # s8 with at most 8 unfolded rows: the weights as the MMA's A operand, where a matrix
+        # warp's n8 tiles pair up (measured: M = 1, 2 faster; above 8 rows slower)
+        ROWS_AS_B=(tile["mma"] == "s8" and s.steps * s.m <= 8
+                   and block_n // 8 // tile["cube_warps"] % 2 == 0),
         barriers=first,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
