@@ -126,7 +126,8 @@ class TuningDB:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
         split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma], ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
-        "vec_warps", "cube_warps", "split_k", "schedule"} or {"split_k"} for dequant)."""
+        "vec_warps", "cube_warps", "split_k", "stages", "occupancy", "schedule"}, stages and
+        occupancy absent from entries recorded before them, or {"split_k"} for dequant)."""
         e = self.entry(spec, device)
         if not e or not e.get("results"):
             return None
