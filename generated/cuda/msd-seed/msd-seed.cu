@@ -257,7 +257,6 @@ __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2
     }
 }
 
-
 // int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
