@@ -93,7 +93,9 @@ ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
-SM_SHARED_BYTES = 228 * 1024   # shared memory of an SM on sm_90 (1 KB of it reserved per CTA)
+SM_SHARED_BYTES = 228 * 1024   # shared memory of an SM on sm_90 ...
+CTA_RESERVED_SHARED = 1024     # ... of which each resident CTA takes this much besides its own
+SM_REGISTERS = 65536        # 32-bit registers of an SM
 MSD_MIN_REGISTERS = 80      # an MSD thread's registers are never capped below this (M = 1 needs 80)
 MSD_X_RING_BYTES = 4096     # activation ring of one vector warp (MSD on CUDA)
 DENSE_MAX_BLOCK = 32        # rows per CTA of the dequant lowering
@@ -284,8 +286,8 @@ def msd_occupancy(wanted: int, threads: int, shared_bytes: int) -> int:
     shared memory holds and what leaves a thread MSD_MIN_REGISTERS registers."""
     if not wanted:
         return 0
-    by_shared = SM_SHARED_BYTES // (shared_bytes + 1024)
-    by_registers = 65536 // (threads * MSD_MIN_REGISTERS)
+    by_shared = SM_SHARED_BYTES // (shared_bytes + CTA_RESERVED_SHARED)
+    by_registers = SM_REGISTERS // (threads * MSD_MIN_REGISTERS)
     return max(1, min(wanted, by_shared, by_registers))
 
 

@@ -102,7 +102,7 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         MMA=tile["mma"], VEC_WARPS=tile["vec_warps"], CUBE_WARPS=tile["cube_warps"],
         factors=factors,
         inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
-        SPLIT=tile["split_k"], OCCUPANCY=tile.get("occupancy", 0), flags=flags,
+        SPLIT=tile["split_k"], OCCUPANCY=tile["occupancy"], flags=flags,
         # s8 with at most 8 unfolded rows: the weights as the MMA's A operand, where a matrix
         # warp's n8 tiles pair up (measured: M = 1, 2 faster; above 8 rows slower)
         ROWS_AS_B=(tile["mma"] == "s8" and s.steps * s.m <= 8
