@@ -1,6 +1,7 @@
 """The CUDA MSD kernels render the schedule pass's action lists (CPU checks)."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 import moegen
@@ -44,9 +45,26 @@ def test_kernels_render_the_schedule():
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
     assert check(source, schedules()) == []
-    # the default MMA on widened int4: u8 weights x s8 rows (M = 1: the rows as the B operand)
-    assert "moegen::mma_u8s8_16832(" in source
-    assert "moegen::mma_s4u4_16864(" in emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
+    # the default MMA on widened int4: the weights as signed bytes 16 q x s8 rows (M = 1: the rows
+    # as the B operand), with no slice sums to subtract
+    assert "moegen::mma_s8s8_16832(" in source and "rowsum" not in source
+    s4 = emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
+    assert "moegen::mma_s4u4_16864(" in s4 and "rowsum" in s4
+
+
+def test_s8_divisors_carry_the_sixteen_exactly():
+    """The s8 MMA's Y is 16 x the s4 one's (after its bias): its fp32 divisors must be the s4
+    kernel's over 16, exactly, for the two to merge bit for bit."""
+    import re
+
+    def divisors(source):
+        body = re.search(r"INV_DIVISORS\[\d+\] = \{([^}]*)\}", source).group(1)
+        return np.array([float(v.strip().rstrip("f")) for v in body.split(",")], np.float32)
+
+    s8 = divisors(emit(SEED, "cuda")["msd-seed.cu"])
+    s4 = divisors(emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"])
+    assert len(s8) == 3 and np.all(s8 > 0)
+    assert np.array_equal(s8 * np.float32(16), s4)
 
 
 @pytest.mark.parametrize("old,new", [

@@ -247,7 +247,7 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): mbarriers
     (padded to 16 bytes), the weight, activation and scale rings, and per slot the unfolded A (int8
     fragments for the s8 MMA, padded int4 rows for s4), int32 Y (rows padded by 8 words),
-    A_max and the slice sums."""
+    A_max and (s4, whose MMA takes the offset-binary weights) the slice sums."""
     rows = steps * m
     mt = -(-rows // 16)
     bn = tile["block_n"]
@@ -257,7 +257,7 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
             + tile["vec_warps"] * tile["x_stages"] * -(-m // tile["vec_warps"]) * group * 2
             + (tile["x_stages"] + 1) * bn * 2
             + 4 * (slots["a_unfold"] * unfold_words + slots["y_int"] * rows * (bn + 8)
-                   + slots["a_max"] * (m + rows)))
+                   + slots["a_max"] * (m + (rows if tile["mma"] == "s4" else 0))))
 
 
 MSD_WARP_N8 = 8    # n8 tiles a matrix warp multiplies in the default layouts

@@ -230,29 +230,25 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   }
 }
 
-// D = A (16x32 int8, row) x B (32x8 uint8, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_s8u8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+// D = A (16x32 int8, row) x B (32x8 int8, col) + C, int32 accumulate.
+__device__ __forceinline__ void mma_s8s8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 "
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// D = A (16x32 uint8, row) x B (32x8 int8, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_u8s8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Eight unsigned nibbles -> two words of four bytes: nibbles 0, 2, 4, 6 in `even`, 1, 3, 5, 7 in
-// `odd` (so k is permuted; the other MMA operand is laid out the same way).
-__device__ __forceinline__ void widen_u4(unsigned w, unsigned& even, unsigned& odd) {
-  even = w & 0x0f0f0f0fu;
-  odd = (w >> 4) & 0x0f0f0f0fu;
+// Eight offset-binary nibbles (u = q + 8) -> two words of four signed bytes, each 16 q: nibbles
+// 0, 2, 4, 6 in `even`, 1, 3, 5, 7 in `odd` (so k is permuted; the other MMA operand is laid out
+// the same way). A nibble at the top of its byte with that byte's top bit flipped is 16 q, since
+// u ^ 8 is q in two's complement. `flip` is 0x80808080 held in a register (WIDEN_FLIP): with
+// both masks immediates ptxas splits each mask-and-flip into two LOP3s.
+constexpr unsigned WIDEN_FLIP = 0x80808080u;
+__device__ __forceinline__ void widen_s4_x16(unsigned w, unsigned flip, unsigned& even,
+                                             unsigned& odd) {
+  even = ((w << 4) & 0xf0f0f0f0u) ^ flip;
+  odd = (w & 0xf0f0f0f0u) ^ flip;
 }
 
 // the low N bytes (1, 2 or 4) of v to an N-aligned shared-memory address

@@ -8,12 +8,12 @@
 // their partial sums in a fixed order. The warps play the units of the schedule pass: warps
 // 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
 // r % 2; merge: int32 Y -> fp32 accumulators, 64 columns per warp), warps 2 .. 3 the
-// matrix unit (64 columns per warp; mma.sync m16n8k32 u8 x s8, the weights widened in registers as the A operand -> s32).
+// matrix unit (64 columns per warp; mma.sync m16n8k32 s8 x s8, the weights widened in registers as the A operand -> s32).
 // One CTA unfolds each group of A once for all its columns: more columns per CTA, less
 // unfolding in all.
-// The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to bytes with one mask
-// each; the MMA then sums (q + 8) a, and merge subtracts 8 * (the sum of the slice's a over the
-// group), which unfold counts: the same int32 Y as signed weights, exactly.
+// The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to the signed bytes
+// 16 q with one mask-and-flip each; the MMA sums 16 q a, exactly, and merge's divisors carry the
+// 1/16 (a power of two: the same fp32 results as dividing the plain sums).
 // The units meet through the schedule's flags, exactly where its action lists say: each flag is
 // a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
 // waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
@@ -34,13 +34,12 @@ constexpr int ROWS = S * M;                     // rows of the unfolded A: slice
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 // The unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four words
 // of its A fragment, rows lane / 4 and lane / 4 + 8 at the k of the weights' word lane % 4 in
-// that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_u4 gives the
-// weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One 16-byte load
+// that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_s4_x16 gives
+// the weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One 16-byte load
 // per lane and MMA.
 constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
 constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
 constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte stores of 4 rows meet no bank twice
-constexpr int WEIGHT_BIAS = 8;                  // packed nibble = q + WEIGHT_BIAS
 constexpr float ROUND_SHIFT = 12582912.0f;      // 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
@@ -66,7 +65,7 @@ constexpr int COLS_PER_LANE = COLS_PER_WARP / LANE_COLS;
 constexpr int ROW_STRIDE = 32 / LANE_COLS;
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
 __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
-__constant__ float INV_DIVISORS[3] = {0.13351134846461948f, 0.008912640084420526f, 0.0005949692980254022f };
+__constant__ float INV_DIVISORS[3] = {0.008344459347426891f, 0.000557039980776608f, 3.718558218679391e-05f };
 
 // flags of the schedule: index, mbarrier ring depth, and who signals them
 constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;   // id 3, mode 0: vec -> vec, depth 2
@@ -93,7 +92,6 @@ struct Shared {
   unsigned* unfold;           // [slots][UNFOLD_SLOT_WORDS]
   int* y;                     // [slots][ROWS][Y_STRIDE]
   float* amax;                // [slots][M]
-  int* rowsum;                // [slots][ROWS]: per unfolded row, the sum of its int4 slice
   uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
   half* sring;                // [VEC_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
@@ -145,19 +143,26 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
 
 // matrix warp cw: its n8 tiles' weights of group g into w stage g % W_STAGES, 16 bytes a copy
 // (a tile's group is KSTEPS x 256 contiguous bytes, in global memory as in the stage; lanes read
-// back other lanes' copies: matmul meets the warp after the wait); tiles past N read as zero
+// back other lanes' copies: matmul meets the warp after the wait). The copies of a group are one
+// base apart by constants; only where the CTAs' columns overrun the packed tiles (N_TAIL) is
+// each tile checked, tiles past N reading as zero.
+constexpr bool N_TAIL = N8 % (BLOCK_N / 8) != 0;
 __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
   constexpr int PIECES = KSTEPS * 16;           // 16-byte pieces of one tile's group
+  constexpr int COPIES = (WARP_N8 * PIECES + 31) / 32;
   const int lane = threadIdx.x & 31;
   uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
   if (g < STEPS) {
-    const int kstep0 = (blockIdx.y * STEPS + g) * KSTEPS;
+    const int n8_first = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8;
+    const uint2* base = w + ((size_t)n8_first * (K / 64) + (blockIdx.y * STEPS + g) * KSTEPS) * 32;
 #pragma unroll
-    for (int i = lane; i < WARP_N8 * PIECES; i += 32) {
+    for (int t = 0; t < COPIES; ++t) {
+      const int i = t * 32 + lane;
+      if (WARP_N8 * PIECES % 32 != 0 && i >= WARP_N8 * PIECES) break;
       const int j = i / PIECES, piece = i % PIECES;
-      const int n8 = blockIdx.x * (BLOCK_N / 8) + cw * WARP_N8 + j;
-      const uint2* src = w + ((size_t)(n8 < N8 ? n8 : 0) * (K / 64) + kstep0) * 32 + 2 * piece;
-      moegen::cp_async16_stream_zfill(stage + j * KSTEPS * 32 + 2 * piece, src, n8 < N8 ? 16u : 0u);
+      const bool inside = !N_TAIL || n8_first + j < N8;
+      const uint2* src = inside ? base + (size_t)j * (K / 64) * 32 + 2 * piece : w;
+      moegen::cp_async16_stream_zfill(stage + j * KSTEPS * 32 + 2 * piece, src, inside ? 16u : 0u);
     }
   }
   moegen::cp_async_commit();
@@ -192,7 +197,6 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
         for (int i = 0; i < PER; ++i) t[i] *= FACTORS[s];
       }
       unsigned even = 0, odd = 0;               // bytes of the even and odd k of this lane
-      int sum = 0;
 #pragma unroll
       for (int i = 0; i < PER; ++i) {
         // round half to even, as numpy: adding 1.5 x 2^23 (|t| <= 7.49 < 2^22) leaves q in the low
@@ -200,11 +204,8 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
         const float shifted = __fadd_rn(t[i], ROUND_SHIFT);
         const int q = __float_as_int(shifted) - __float_as_int(ROUND_SHIFT);
         t[i] -= __fsub_rn(shifted, ROUND_SHIFT);
-        sum += q;
         (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
       }
-      const int row_sum = __reduce_add_sync(0xffffffffu, sum);
-      if (lane == 0) sh.rowsum[amax_slot * ROWS + s * M + r] = row_sum;
       // this lane's k: positions p .. p + PER - 1 of 8-k word `chunk`; the fragment that holds
       // them is the one of lane (row % 8) * 4 + chunk % 4 in k32 block chunk / 4
       const int row = s * M + r, chunk = lane * PER / 8, p = lane * PER % 8;
@@ -229,6 +230,7 @@ static_assert(ROWS <= 8, "one n8 tile of unfolded rows");
 __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2 (&b)[WARP_N8][KSTEPS],
                                                    const unsigned* au, int cw, int y_slot) {
   const int lane = threadIdx.x & 31;
+  const unsigned flip = moegen::pinned(moegen::WIDEN_FLIP);
   int c[WARP_N8 / 2][4] = {};
 #pragma unroll
   for (int h = 0; h < KSTEPS; ++h) {
@@ -238,12 +240,12 @@ __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2
     for (int p = 0; p < WARP_N8 / 2; ++p) {
       // columns 16 p + lane / 4 (tile 2 p) and + 8 (tile 2 p + 1): even k, then odd k
       unsigned a_lo[4], a_hi[4];
-      moegen::widen_u4(b[2 * p][h].x, a_lo[0], a_lo[2]);
-      moegen::widen_u4(b[2 * p + 1][h].x, a_lo[1], a_lo[3]);
-      moegen::widen_u4(b[2 * p][h].y, a_hi[0], a_hi[2]);
-      moegen::widen_u4(b[2 * p + 1][h].y, a_hi[1], a_hi[3]);
-      moegen::mma_u8s8_16832(c[p], a_lo, f0.x, f0.z);
-      moegen::mma_u8s8_16832(c[p], a_hi, f1.x, f1.z);
+      moegen::widen_s4_x16(b[2 * p][h].x, flip, a_lo[0], a_lo[2]);
+      moegen::widen_s4_x16(b[2 * p + 1][h].x, flip, a_lo[1], a_lo[3]);
+      moegen::widen_s4_x16(b[2 * p][h].y, flip, a_hi[0], a_hi[2]);
+      moegen::widen_s4_x16(b[2 * p + 1][h].y, flip, a_hi[1], a_hi[3]);
+      moegen::mma_s8s8_16832(c[p], a_lo, f0.x, f0.z);
+      moegen::mma_s8s8_16832(c[p], a_hi, f1.x, f1.z);
     }
   }
   // c[p][q]: column 16 p + lane / 4 (+ 8 from q = 2), row 2 (lane % 4) (+ 1 for odd q)
@@ -257,7 +259,7 @@ __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2
     }
 }
 
-// int32 Y[y_slot] = unfolded A[unfold_slot] x (W + WEIGHT_BIAS)[group g, this CTA's columns]
+// int32 Y[y_slot] = unfolded A[unfold_slot] x 16 W[group g, this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
@@ -280,8 +282,8 @@ __device__ __forceinline__ int merge_col(int unit, int j) {
   return unit * COLS_PER_WARP + (threadIdx.x & 31) % LANE_COLS + j * LANE_COLS;
 }
 
-// acc += (sum_i (Y_i - WEIGHT_BIAS * rowsum_i) / d_i) * A_max * scale for this vector warp's
-// columns, the scales of group g from the warp's scale ring
+// acc += (sum_i Y_i / (16 d_i)) * A_max * scale for this vector warp's columns (Y_i = 16 x the
+// slice's sums; INV_DIVISORS[i] = 1 / (16 d_i)), the scales of group g from the warp's scale ring
 __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int amax_slot, int y_slot,
                                       float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
@@ -297,8 +299,7 @@ __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int ama
         float combined = 0.0f;
 #pragma unroll
         for (int i = 0; i < S; ++i)
-          combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c] -
-                                         WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r]) *
+          combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c]) *
                       INV_DIVISORS[i];
         acc[j][q] += combined * sh.amax[amax_slot * M + r] * s;
       }
@@ -364,7 +365,6 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller
@@ -435,7 +435,6 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
   if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller

@@ -9,6 +9,8 @@ dense matrix, for comparison on the same GPU.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
@@ -101,7 +103,10 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         S=s.steps, BLOCK_N=block_n, W_STAGES=tile["w_stages"], X_STAGES=tile["x_stages"],
         MMA=tile["mma"], VEC_WARPS=tile["vec_warps"], CUBE_WARPS=tile["cube_warps"],
         factors=factors,
-        inv_divisors=[repr(1.0 / float(d)) for d in merge_divisors(factors, s.steps)],
+        # the s8 MMA sums 16 q a (the weights widened to 16 q): its divisors carry the 1/16, an
+        # exact scaling of the fp32 reciprocal, so merge rounds as it would on the plain sums
+        inv_divisors=[repr(float(np.float32(1.0 / float(d))) / (16 if tile["mma"] == "s8" else 1))
+                      for d in merge_divisors(factors, s.steps)],
         SPLIT=tile["split_k"], OCCUPANCY=tile["occupancy"], flags=flags,
         # s8 with at most 8 unfolded rows: the weights as the MMA's A operand, where a matrix
         # warp's n8 tiles pair up (measured: M = 1, 2 faster; above 8 rows slower)
@@ -132,8 +137,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "workspace": {"partials_floats": tile["split_k"] * s.m * s.n if tile["split_k"] > 1 else 0,
                       "counters": -(-s.n // block_n) if tile["split_k"] > 1 else 0},
         "weights": {"layout": "uint32 [ceil(N/8), K/64, 32, 2] (the B fragments of mma.sync "
-                               "m16n8k64 u4: nibbles q + 8; the s8 kernels widen them to u8 in "
-                               "registers)"},
+                               "m16n8k64 u4: nibbles q + 8; the s8 kernels widen them to the "
+                               "signed bytes 16 q in registers)"},
     }
     return source, plan
 
