@@ -223,6 +223,18 @@ def gemm_tiles(spec, pipeline=None) -> list[dict]:
             if op.NAME == "moe.grouped_gemm_w4a16"]
 
 
+def test_ring_stages_are_whole_turns_of_the_unrolled_loop():
+    """The K-split CTA's ring stages: as many as asked and 48 KB allow, from 4 up a power of
+    two (the unrolled K loop then keeps every ring offset a constant); 3 stays 3."""
+    from moegen.passes.tile import gemm_stages
+    assert [gemm_stages(8, 4, most) for most in (2, 3, 4, 5, 6, 7, 8, 12, 16)] == \
+        [2, 3, 4, 4, 4, 4, 8, 8, 8]                 # (13 stages of block 8 fit 48 KB)
+    assert gemm_stages(8, 2, 16) == 16
+    assert gemm_stages(32, 4, 8) == 4 and gemm_stages(64, 4, 8) == 3   # 5 and 3 fit 48 KB
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{stages=6,wide-cols=0},alloc"):
+        assert t["stages"] == [4, 4, 4, 4]
+
+
 def test_wide_cta_in_prefill_buckets():
     """The prefill bucket takes the wide CTA: 4 column tiles (fewer where the weight's tile
     count is not a multiple), warps = column tiles x row halves of 32, 32 k a stage, the ring
@@ -242,7 +254,8 @@ def test_wide_cta_in_prefill_buckets():
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{warp-rows=64},alloc"):
         assert t["warp_rows"] == [0, 0, 0, 32]       # a block of 32 rows: 32 a warp
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{wide-cols=0},alloc"):
-        assert t["col_tiles"] == [1, 1, 1, 1] and t["stages"] == [8, 8, 8, 5]
+        # block 32: 5 stages fit 48 KB, rounded down to 4 (a power of two)
+        assert t["col_tiles"] == [1, 1, 1, 1] and t["stages"] == [8, 8, 8, 4]
     odd = moegen.load_spec({"name": "odd", "pipeline": "moe_w4a16", "quant": {"group_size": 32},
                             "moe": {"hidden_size": 96, "intermediate_size": 160, "num_experts": 8,
                                     "top_k": 2}, "targets": {"cuda": {}}})

@@ -26,7 +26,8 @@ MoE (`moe_w4a16`):
   entry per bucket; 2 warps in the single-token bucket); stages: each warp streams its k16
   steps through a cp.async ring of that
   many shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass
-  48 KB: block 32 -> 5, 64 -> 3); split_k: in a decode bucket whose smallest call (one block
+  48 KB: block 32 -> 4, 64 -> 3; from 4 up a power of two, so that the unrolled K loop's
+  ring offsets are constants); split_k: in a decode bucket whose smallest call (one block
   per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
   split over CTAs until about 16 warps per SM are busy (four CTAs of 4 warps, eight of 2; the
   bucket after the single-token one keeps the split sized for one token); otherwise 1
@@ -63,8 +64,8 @@ with 3 slices: 64 columns, 1 matrix warp, 2 stages: 1.8x faster than 32 columns 
 block-n/vec-warps/cube-warps=N by hand. The matrix warps' weight ring 4 groups deep (stages=N),
 the vector warps' activation ring as deep as 4 KB per warp allows (2..4 groups), K split over
 CTAs (whole groups, at least two each) until about 3 CTAs per SM are busy, and the integer MMA
-`s8` (the default: mma.sync m16n8k32 s8 x u8, the offset-binary weights widened to bytes in
-registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64 s4 x u4 directly). Measured
+`s8` (the default: mma.sync m16n8k32 s8 x s8, the offset-binary weights widened to the bytes
+16 q in registers, the slices unfolded as int8) or `s4` (mma.sync m16n8k64 s4 x u4 directly). Measured
 on the H200 at the seed shape, s8 is 3-4x faster: Hopper's tensor cores have no int4 mode and
 run the s4 instruction emulated (docs/PERF.md).
 ``lowering: dequant``: the W4A16 GEMM of the MoE layer on one expert, ``tile = {block, block_n,
@@ -224,11 +225,18 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
-    multiple of 8) would pass its static shared memory. (Measured on the H200: building the
-    decode blocks for 8 CTAs per SM instead, 64 registers and 4 stages, was 10-30% slower.)"""
+    multiple of 8) would pass its static shared memory; from 4 up, rounded down to a power of
+    two (a ring of 3 keeps its third stage: not measured against 2). The K
+    loop is unrolled over whole scale groups and, where the ring's turn is a multiple of them,
+    whole turns of the ring, so that every ring offset is a constant: with 5, 6, 7 or 12 stages
+    it is not (Mixtral's gate/up at T = 1: 55 SASS instructions a k16 step at 8 stages, 86 at 6,
+    77 at 12; measured on the H200, the call 72 us at 8 stages against 75 at 4, 81 at 6, 82 at
+    12; block 32 at T = 64: 426 us at 4 stages against 440 at 5). (Measured too: building the
+    decode blocks for 8 CTAs per SM, 64 registers and 4 stages, was 10-30% slower.)"""
     ks = block_k // 16
     stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD)
-    return max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
+    fits = max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
+    return fits if fits < 4 else 1 << (fits.bit_length() - 1)
 
 
 def msd_x_stages(m: int, group: int, vec_warps: int) -> int:

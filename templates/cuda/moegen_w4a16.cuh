@@ -584,10 +584,13 @@ __device__ __forceinline__ void grouped_gemm(
   Frags f0, f1;                            // trade roles every iteration, in registers
   load_frags(0, f0);
   constexpr int GROUP_ITERS = G / (16 * KS);                   // iterations per scale group
-  constexpr int UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
+  constexpr int GROUP_UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
+  // whole groups, and whole turns of the ring where one is a multiple of the other (the tile
+  // pass makes STAGES a power of two): every ring offset of the unrolled body is a constant
+  constexpr int UNROLL = STAGES % GROUP_UNROLL == 0 ? STAGES : GROUP_UNROLL;
   if constexpr (WARP_STEPS % (G / 16) == 0 && WARP_ITERS % UNROLL == 0) {
     // the warp's range starts on a group: unrolled over whole groups, the group changes at
-    // fixed iterations (and with UNROLL a multiple of STAGES, every ring offset is a constant)
+    // fixed iterations
     for (int i0 = 0; i0 < WARP_ITERS; i0 += UNROLL) {
 #pragma unroll
       for (int u = 0; u < UNROLL; u += 2) {
