@@ -152,6 +152,24 @@ def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
         assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("g,tile", [(64, ""), (64, ",block-k=32"), (128, ",moe-block=32"),
+                                    (128, ",stages=6")])
+def test_k_loop_unrolled_over_whole_ring_turns(rng, g, tile):
+    """The K-split CTA's loop unrolled over whole ring turns that span several scale groups
+    (group 64 at 8 stages, 2 k16 steps a stage at 4), block 32 at 4 stages (5 fit), and a ring
+    asked for 6 stages (4 built), each warp's K range a whole number of turns (no K split)."""
+    layer = layer_for(moe_spec(1024, 512, 8, 2, tokens_max=64, group=g),
+                      pipeline=f"fuse-align,fuse-swiglu,tile{{split-k=1{tile}}},alloc")
+    stages = {v["stages"] for gemm in layer.plan["gemms"] for v in gemm["variants"]}
+    assert stages <= {4, 8}
+    host = moe_weights(rng, 8, 1024, 512, g)
+    packed = layer.pack(*host)
+    for t in (1, 5, 40, 64):
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
 
 
