@@ -170,6 +170,20 @@ def test_k_loop_unrolled_over_whole_ring_turns(rng, g, tile):
         assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
 
 
+def test_long_k_split_in_the_block16_bucket(rng):
+    """A down GEMM whose K (5120: 320 k16 steps) passes DECODE_CTA_STEPS splits in the T <= 64
+    bucket although its calls have a tile for every SM (launched with PDL from T = 4)."""
+    layer = layer_for(moe_spec(2048, 5120, 8, 2, tokens_max=64))
+    down = layer.plan["gemms"][1]["variants"]
+    assert [(v["max_tokens"], v["block"], v["split"]) for v in down][-1] == (64, 16, 2)
+    host = moe_weights(rng, 8, 2048, 5120, 128)
+    packed = layer.pack(*host)
+    for t in (17, 40, 64):
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
 
 

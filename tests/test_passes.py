@@ -318,10 +318,12 @@ def test_split_k_divides_k_and_fills_the_gpu():
         assert (k // 16) % (tile["split_k"][0] * tile["warps"][0]) == 0
     # Mixtral at T=1: 2 experts x 28672/64 tiles already fill the GPU; down has 2 x 64 tiles,
     # split to about 16 warps an SM: 8 ways in the single-token bucket (2 warps a CTA), 4 in
-    # the T = 2..16 bucket (4 warps, the split it had before T = 1 had a bucket of its own)
+    # the T = 2..16 bucket (4 warps, the split it had before T = 1 had a bucket of its own); in
+    # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
+    # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole
     assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [64, 16], [8192, 32]]
     assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1]
-    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 1, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 1]
     assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4]
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):

@@ -31,7 +31,9 @@ MoE (`moe_w4a16`):
   per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
   split over CTAs until about 16 warps per SM are busy (four CTAs of 4 warps, eight of 2; the
   bucket after the single-token one keeps the split sized for one token); otherwise 1
-  (measured: splitting when every SM already has a tile only adds the reduction). K/16 must
+  (measured: splitting when every SM already has a tile only adds the reduction); then, in
+  any decode bucket, doubled while a CTA's share of K passes 256 k16 steps (DECODE_CTA_STEPS:
+  Mixtral's down GEMM splits 4 ways at T = 17..64, whose last wave was left to few SMs). K/16 must
   divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
@@ -87,6 +89,11 @@ SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
+# most k16 steps of K a CTA of a decode-bucket GEMM takes (measured on the H200): Mixtral's down
+# GEMM (K = 14336, 896 steps) at T = 17..64 in 1.45 waves of 4 CTAs an SM at T = 64 was 4%
+# faster split 4 (224 a CTA) than whole, and even at T = 40; its gate/up GEMM at T = 1 (256 a
+# CTA of 2 warps) was 3% slower split 2
+DECODE_CTA_STEPS = 256
 MSD_CUDA_TILE = {"stages": 4, "mma": "s8", "occupancy": 0}   # and msd_warp_layout(m)
 MSD_WARPS = (1, 2, 4, 8)    # choices of vector and of matrix warps per MSD CTA
 MSD_BLOCK_N = (16, 32, 64, 128, 256)
@@ -178,13 +185,18 @@ def doubled_split(tiles: int, ctas_per_sm: int, allowed) -> int:
 def decode_split_k(k_dim: int, n: int, active_experts: int, tile: dict) -> int:
     """K splits of a decode bucket's GEMM: 1 where its smallest call has a tile for every SM,
     else doubled up to about CTAS_PER_SM CTAs of the default 4 warps an SM (as many more CTAs
-    as they have fewer warps)."""
+    as they have fewer warps); then doubled while a CTA's share of K passes DECODE_CTA_STEPS
+    k16 steps, so that no CTA runs so long that the last wave of the largest call is left to a
+    few SMs."""
+    def allowed(split: int) -> bool:
+        return splits_evenly(k_dim, split, tile["warps"], tile["block_k"])
     tiles = active_experts * -(-n // tile["block_n"])
-    if tiles >= SM_COUNT:      # every SM has a tile already: splitting only adds a reduction
-        return 1
-    per_sm = CTAS_PER_SM * GEMM_TILE["warps"] // tile["warps"]
-    return doubled_split(tiles, per_sm, lambda sp: splits_evenly(
-        k_dim, sp, tile["warps"], tile["block_k"]))
+    split = 1
+    if tiles < SM_COUNT:       # else every SM has a tile already
+        split = doubled_split(tiles, CTAS_PER_SM * GEMM_TILE["warps"] // tile["warps"], allowed)
+    while k_dim // 16 // split > DECODE_CTA_STEPS and allowed(split * 2):
+        split *= 2
+    return split
 
 
 def wide_epilogue_fits(col_tiles: int, block: int) -> bool:

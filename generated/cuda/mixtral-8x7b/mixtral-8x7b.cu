@@ -343,13 +343,13 @@ moe_gemm_down_b8_s4_p8(const half* a, const uint4* w, const uint4* scales, const
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 14336, 64 tiles of 64 columns, block 16, split-K 1, 8 ring stages of 16 k, 4 warps
+// down: K = 14336, 64 tiles of 64 columns, block 16, split-K 4, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b16_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_down_b16_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<16, 1, 14336, 64, 4096, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<16, 4, 14336, 64, 4096, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
