@@ -91,8 +91,8 @@ SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 # most k16 steps of K a CTA of a decode-bucket GEMM takes (measured on the H200): Mixtral's down
 # GEMM (K = 14336, 896 steps) at T = 17..64 in 1.45 waves of 4 CTAs an SM at T = 64 was 4%
-# faster split 4 (224 a CTA) than whole, and even at T = 40; its gate/up GEMM at T = 1 (256 a
-# CTA of 2 warps) was 3% slower split 2
+# faster split 4 (224 a CTA) than whole, and even at T = 40, while split 8 was 12% slower; its
+# gate/up GEMM at T = 1 (256 a CTA of 2 warps) was 3% slower split 2
 DECODE_CTA_STEPS = 256
 MSD_CUDA_TILE = {"stages": 4, "mma": "s8", "occupancy": 0}   # and msd_warp_layout(m)
 MSD_WARPS = (1, 2, 4, 8)    # choices of vector and of matrix warps per MSD CTA
