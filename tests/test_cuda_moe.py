@@ -47,6 +47,18 @@ def run_case(rng, layer, t, use_router=True, weights=None):
     return cp.asnumpy(y), want
 
 
+def assert_matches_reference(rng, layer, tokens):
+    """One draw of weights, packed once; each T in `tokens` (the router on odd T, the given
+    routing on even T) against the reference, relative error <= 2e-3."""
+    m, g = layer.spec.moe, layer.spec.quant.group_size
+    host = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, g)
+    packed = layer.pack(*host)
+    for t in tokens:
+        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
+        err = rel_err(got, want)
+        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+
+
 def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
     """Capture one call in a CUDA graph, replay it with new inputs set into the captured
     buffers, each replay against the reference."""
@@ -107,12 +119,7 @@ TOKENS = [1, 3, 16, 33, 64, 123, 222, 1024, 4096]
 @pytest.mark.parametrize("h,i,e,k", SHAPES, ids=[f"h{s[0]}-i{s[1]}-e{s[2]}-k{s[3]}" for s in SHAPES])
 def test_against_reference(rng, h, i, e, k):
     layer = layer_for(moe_spec(h, i, e, k))
-    host = moe_weights(rng, e, h, i, 128)
-    packed = layer.pack(*host)
-    for t in TOKENS:
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+    assert_matches_reference(rng, layer, TOKENS)
 
 
 def test_group_sizes_and_odd_columns(rng):
@@ -144,12 +151,7 @@ def test_two_k16_steps_per_ring_stage(rng, h, i, e, k, g):
     """tile{block-k=32}: the same layer with two k16 steps in each cp.async ring stage."""
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=1024, group=g), pipeline=BLOCK_K32)
     assert re.search(r"block_k = \[32(, 32){2,}\]", layer.program.ir)    # in every bucket
-    host = moe_weights(rng, e, h, i, g)
-    packed = layer.pack(*host)
-    for t in (1, 16, 33, 222, 1024):
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+    assert_matches_reference(rng, layer, (1, 16, 33, 222, 1024))
 
 
 @pytest.mark.parametrize("g,tile", [(64, ""), (64, ",block-k=32"), (128, ",moe-block=32"),
@@ -162,12 +164,7 @@ def test_k_loop_unrolled_over_whole_ring_turns(rng, g, tile):
                       pipeline=f"fuse-align,fuse-swiglu,tile{{split-k=1{tile}}},alloc")
     stages = {v["stages"] for gemm in layer.plan["gemms"] for v in gemm["variants"]}
     assert stages <= {4, 8}
-    host = moe_weights(rng, 8, 1024, 512, g)
-    packed = layer.pack(*host)
-    for t in (1, 5, 40, 64):
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+    assert_matches_reference(rng, layer, (1, 5, 40, 64))
 
 
 def test_long_k_split_in_the_block16_bucket(rng):
@@ -176,12 +173,7 @@ def test_long_k_split_in_the_block16_bucket(rng):
     layer = layer_for(moe_spec(2048, 5120, 8, 2, tokens_max=64))
     down = layer.plan["gemms"][1]["variants"]
     assert [(v["max_tokens"], v["block"], v["split"]) for v in down][-1] == (64, 16, 2)
-    host = moe_weights(rng, 8, 2048, 5120, 128)
-    packed = layer.pack(*host)
-    for t in (17, 40, 64):
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+    assert_matches_reference(rng, layer, (17, 40, 64))
 
 
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
@@ -210,12 +202,7 @@ def test_prefill_wide_cta(rng, h, i, e, k, tile, wgmma):
     if cp.cuda.Device().compute_capability == "90":
         assert layer.arch == "sm_90a"          # compiled with warpgroup MMA available
     assert all(v["col_tiles"] == 1 for v in up if v["max_tokens"] <= 64)   # decode buckets
-    host = moe_weights(rng, e, h, i, g)
-    packed = layer.pack(*host)
-    for t in (65, 222, 1024, 2048):
-        got, want = run_case(rng, layer, t, use_router=t % 2 == 1, weights=(host, packed))
-        err = rel_err(got, want)
-        assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
+    assert_matches_reference(rng, layer, (65, 222, 1024, 2048))
 
 
 def test_unfused_swiglu(rng):
