@@ -349,16 +349,19 @@ def test_bitwise_deterministic(rng):
 
 def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng):
     """On sm_90 the down GEMM's K-split kernel follows gate/up with programmatic dependent launch
-    (from pdl_min_tokens up): the output is the plain launches' bit for bit, and the reference's,
-    in the 8-row and the 16-row decode buckets (Mixtral's shape of experts and top-k)."""
+    (where the plan's follows_from says): the output is the plain launches' bit for bit, and the
+    reference's, in the single-token bucket (gate/up releasing the down GEMM after its K loop)
+    and the 8-row and 16-row decode buckets (Mixtral's shape of experts and top-k)."""
     spec = moe_spec(1024, 512, 8, 2)
     pdl, plain = layer_for(spec), layer_for(spec, pdl=False)
     if not pdl.pdl:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
-    assert not plain.pdl and pdl.pdl_min_tokens <= 4
+    up, down = pdl.gemms
+    assert not plain.pdl and up["variants"][0]["release_after_loop"]
+    assert [v.get("follows_from") for v in down["variants"][:3]] == [1, 4, 4]
     host_w = moe_weights(rng, 8, 1024, 512, 128)
     packed = pdl.pack(*host_w)
-    for t in (4, 16, 33, 64):
+    for t in (1, 4, 16, 33, 64):
         y, want = run_case(rng, pdl, t, weights=(host_w, packed))
         assert rel_err(y, want) <= 2e-3, f"T={t}"
         x = cp.asarray(rng.standard_normal((t, 1024)).astype(np.float16))

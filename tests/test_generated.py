@@ -51,24 +51,38 @@ def test_launch_plan():
 
 
 def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
-    """The launch plan marks the down GEMM's K-split kernels (decode buckets) for programmatic
-    dependent launch, and their source passes FOLLOWS = true; gate/up, the wide CTAs and the
-    kernels of buckets below PDL_MIN_TOKENS (Mixtral's T = 1) launch plainly."""
+    """The launch plan marks the down GEMM's K-split kernels for programmatic dependent launch
+    from PDL_MIN_TOKENS tokens, and from one in the single-token bucket (Mixtral's T = 1, whose
+    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true.
+    Gate/up, the wide CTAs and the other kernels of buckets below PDL_MIN_TOKENS (Qwen3's
+    T = 1..16 bucket holds calls from PDL_MIN_TOKENS up) launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
         plan = json.loads(files[f"{name}.launch.json"])
         source = files[f"{name}.cu"]
         up, down = plan["gemms"]
-        follows = {v["kernel"] for v in down["variants"]
-                   if v["col_tiles"] == 1 and v["max_tokens"] >= PDL_MIN_TOKENS}
+        single = name == "mixtral-8x7b"
+        assert (down["variants"][0]["max_tokens"] == 1) == single
+        follows = {v["kernel"] for i, v in enumerate(down["variants"])
+                   if v["col_tiles"] == 1 and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
         assert follows and all(not v["follows"] for v in up["variants"])
-        assert (down["variants"][0]["max_tokens"] < PDL_MIN_TOKENS) == (name == "mixtral-8x7b")
+        for i, v in enumerate(down["variants"]):
+            want = 1 if single and i == 0 else PDL_MIN_TOKENS if v["kernel"] in follows else None
+            assert v.get("follows_from") == want, v["kernel"]
+        late = {v["kernel"] for v in up["variants"] if v["release_after_loop"]}
+        assert late == ({up["variants"][0]["kernel"]} if single else set())
+        assert all(not v["release_after_loop"] for v in down["variants"])
         assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows
         for v in up["variants"] + down["variants"]:
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
-            assert bool(re.search(r"grouped_gemm<[^>]*, true>\(", body)) == (v["kernel"] in follows)
+            args = re.search(r"grouped_gemm<([^>]*)>\(", body)
+            if v["col_tiles"] > 1:
+                continue
+            tail = [a.strip() for a in args.group(1).split(",")][15:]   # FOLLOWS, RELEASE_AFTER_LOOP
+            assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]
+            assert (tail[1:2] == ["true"]) == (v["kernel"] in late), v["kernel"]
 
 
 NVCC = shutil.which("nvcc")

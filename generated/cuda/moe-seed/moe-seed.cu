@@ -285,11 +285,12 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
 // wide CTAs use no partials or counters).
 // gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 8, 8 ring stages of 16 k, 2 warps
+// (releases the down GEMM's programmatic dependent launch after its K loop, not at its start)
 extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_gate_up_b4_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 8, 256, 4, 128, 128, 2, 8, 1, 2, 1, true, false, false>(
+  moegen::grouped_gemm<4, 8, 256, 4, 128, 128, 2, 8, 1, 2, 1, true, false, false, 0, false, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -303,16 +304,17 @@ moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, co
 }
 
 // down: K = 128, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 2 warps
+// (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b4_s4_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false>(
+  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
 // down: K = 128, 4 tiles of 64 columns, block 4, split-K 2, 8 ring stages of 16 k, 4 warps
-// (launched with programmatic dependent launch on sm_90: its first weight stages stream while gate/up finishes)
+// (launched with programmatic dependent launch on sm_90 from T = 4: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b4_s2_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

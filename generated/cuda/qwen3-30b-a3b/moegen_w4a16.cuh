@@ -359,7 +359,7 @@ __device__ __forceinline__ void topk_sum_chunk(const half* __restrict__ rows, si
 // STAGES ring stages, then waits for the kernel before it, then copies those stages' rows.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
-          int SUM_TOPK = 0, bool FOLLOWS = false>
+          int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false>
 __device__ __forceinline__ void grouped_gemm(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -389,8 +389,11 @@ __device__ __forceinline__ void grouped_gemm(
   // A kernel launched after this one with programmatic dependent launch (the down GEMM after
   // gate/up) may start once every CTA is here: its CTAs take the SMs this grid's last wave
   // leaves free and stream their first weights (measured: releasing after the K loop instead
-  // gains less at T = 16 and loses 3% at Mixtral T = 64).
-  release_dependents();
+  // gains less at T = 16 and loses 3% at Mixtral T = 64). RELEASE_AFTER_LOOP (a single token,
+  // one wave of CTAs, no last wave to fill): only after the K loop, so that the dependents do
+  // not take issue slots and bandwidth from it while they wait (measured: 2 us faster than
+  // plain launches at Mixtral T = 1, where releasing at the start was 5 us slower).
+  if constexpr (!RELEASE_AFTER_LOOP) release_dependents();
   // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
   // close together and the tile comes from DRAM once, from L2 after
   const int blk = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
@@ -610,6 +613,7 @@ __device__ __forceinline__ void grouped_gemm(
       }
     }
   }
+  if constexpr (RELEASE_AFTER_LOOP) release_dependents();
   end_group();
   cp_async_wait<0>();
   __syncthreads();                         // the rings are free: red reuses their memory

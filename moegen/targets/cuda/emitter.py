@@ -79,9 +79,13 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             sum_topk=int(op.attr("sum_topk")) if op.attr("epilogue") == "topk_sum" else 0,
             perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
-        for (edge, block), split, stages, warps, block_k, cols, rows, wg in zip(
-                op.attrs["block_buckets"], tile["split_k"], tile["stages"], tile["warps"],
-                tile["block_k"], tile["col_tiles"], tile["warp_rows"], tile["wgmma"]):
+        buckets = op.attrs["block_buckets"]
+        # a bucket for T = 1 alone (the tile pass's single_token_bucket) comes first
+        single = len(buckets) > 1 and buckets[0][0] == 1
+        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg) in enumerate(zip(
+                buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
+                tile["col_tiles"], tile["warp_rows"], tile["wgmma"])):
+            one_token = single and i == 0
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
             # and rows per warp
@@ -97,10 +101,16 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                # the down GEMM's K-split CTA: launched with programmatic
                                # dependent launch where the GPU has it (sm_90 and later), in
-                               # buckets that hold calls of PDL_MIN_TOKENS tokens or more
+                               # calls of PDL_MIN_TOKENS tokens or more, and in the
+                               # single-token bucket, whose gate/up releases it only after
+                               # its K loop (launch.py)
                                "follows": g.name == "down" and cols == 1
-                                          and edge >= PDL_MIN_TOKENS,
+                                          and (edge >= PDL_MIN_TOKENS or one_token),
+                               "release_after_loop": g.name == "gate_up" and one_token
+                                                     and cols == 1,
                                "kernel": kernel})
+            if g.variants[-1]["follows"]:
+                g.variants[-1]["follows_from"] = 1 if one_token else PDL_MIN_TOKENS
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
@@ -172,7 +182,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles // v["col_tiles"],
                         v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
-               **({"launch": "programmatic dependent (sm_90 and later)"} if v["follows"] else {})}
+               **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"}
+                  if v["follows"] else {})}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

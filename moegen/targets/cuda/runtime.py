@@ -17,7 +17,7 @@ from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import PDL_MIN_TOKENS, launch_after_previous, supported as pdl_supported
+from .launch import launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -155,16 +155,12 @@ class MoeW4A16:
     y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
 
     The result is a view of the layer's output buffer, valid until the next call; pass
-    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later, in calls of at least
-    `pdl_min_tokens` tokens, the down GEMM's K-split kernel is launched with programmatic
-    dependent launch (moegen/targets/cuda/launch.py): it streams its first weight stages while
-    the gate/up GEMM finishes. `pdl=False` launches it after gate/up always (the same output,
-    bit for bit).
+    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later the down GEMM's K-split kernel
+    is launched with programmatic dependent launch (moegen/targets/cuda/launch.py) where the
+    launch plan says (`follows_from`: calls of PDL_MIN_TOKENS tokens or more, and the
+    single-token bucket): it streams its first weight stages while the gate/up GEMM finishes.
+    `pdl=False` launches it after gate/up always (the same output, bit for bit).
     """
-
-    # launch.PDL_MIN_TOKENS; raising it launches more calls plainly (kernels of buckets below
-    # PDL_MIN_TOKENS are compiled without the PDL prologue and always launch plainly)
-    pdl_min_tokens = PDL_MIN_TOKENS
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
                  arch: str | None = None, tuning="auto", pdl: bool = True):
@@ -305,7 +301,7 @@ class MoeW4A16:
                 grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
                 args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
                         partials, counters, *summed)
-                if v["follows"] and self.pdl and t >= self.pdl_min_tokens:
+                if v["follows"] and self.pdl and t >= v["follows_from"]:
                     launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
                                           stream)
                 else:
