@@ -132,6 +132,13 @@ def single_token_bucket(top_k: int, hidden: int) -> bool:
     return top_k * -(-hidden // GEMM_TILE["block_n"]) < SM_COUNT
 
 
+def starts_with_single_token_bucket(buckets: list) -> bool:
+    """Whether `buckets` ([[max_tokens, block], ...]) open with a bucket for T = 1 alone, as
+    moe_buckets puts one first where single_token_bucket holds (a spec whose tokens.max is 1
+    has one bucket, an ordinary one)."""
+    return len(buckets) > 1 and buckets[0][0] == 1
+
+
 def decode_block(tokens: int, top_k: int, experts: int) -> int:
     """8, or the power of two (<= 32) that holds an average expert's slots at `tokens`.
     (Measured on the H200, Mixtral T = 32..64: 24-row blocks, which would put most experts in
@@ -445,9 +452,7 @@ class TilePass(Pass):
                 return self.option(option)
             return b[index] if b is not None and len(b) > index else default
 
-        # moe_buckets put a bucket for T = 1 alone first (single_token_bucket); a spec whose
-        # tokens.max is 1 has one bucket, an ordinary one
-        single = len(buckets) > 1 and buckets[0][0] == 1
+        single = starts_with_single_token_bucket(buckets)
         block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
         warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if single and i == 0
                                        else GEMM_TILE["warps"]))

@@ -13,7 +13,8 @@ from ... import __version__
 from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
-from ...passes.tile import ALIGN_WARPS, GEMM_TILE, align_up
+from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up,
+                           starts_with_single_token_bucket)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -80,12 +81,17 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
         buckets = op.attrs["block_buckets"]
-        # a bucket for T = 1 alone (the tile pass's single_token_bucket) comes first
-        single = len(buckets) > 1 and buckets[0][0] == 1
+        single = starts_with_single_token_bucket(buckets)
         for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg) in enumerate(zip(
                 buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
                 tile["col_tiles"], tile["warp_rows"], tile["wgmma"])):
             one_token = single and i == 0
+            # the down GEMM's K-split CTA: launched with programmatic dependent launch where
+            # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
+            # in the single-token bucket, whose gate/up releases it only after its K loop
+            # (launch.py)
+            follows_from = (None if g.name != "down" or cols > 1 else 1 if one_token
+                            else PDL_MIN_TOKENS if edge >= PDL_MIN_TOKENS else None)
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
             # and rows per warp
@@ -99,18 +105,11 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
-                               # the down GEMM's K-split CTA: launched with programmatic
-                               # dependent launch where the GPU has it (sm_90 and later), in
-                               # calls of PDL_MIN_TOKENS tokens or more, and in the
-                               # single-token bucket, whose gate/up releases it only after
-                               # its K loop (launch.py)
-                               "follows": g.name == "down" and cols == 1
-                                          and (edge >= PDL_MIN_TOKENS or one_token),
+                               "follows": follows_from is not None,
+                               "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
                                "kernel": kernel})
-            if g.variants[-1]["follows"]:
-                g.variants[-1]["follows_from"] = 1 if one_token else PDL_MIN_TOKENS
         plans.append(g)
     if len(plans) != 2:
         raise ValueError("the CUDA MoE emitter expects a gate/up and a down grouped GEMM")
