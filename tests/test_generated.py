@@ -66,7 +66,7 @@ def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
         assert (down["variants"][0]["max_tokens"] == 1) == single
         follows = {v["kernel"] for i, v in enumerate(down["variants"])
                    if v["col_tiles"] == 1 and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
-        assert follows and all(not v["follows"] for v in up["variants"])
+        assert follows and all(v["follows_from"] is None for v in up["variants"])
         for i, v in enumerate(down["variants"]):
             want = 1 if single and i == 0 else PDL_MIN_TOKENS if v["kernel"] in follows else None
             assert v.get("follows_from") == want, v["kernel"]

@@ -105,7 +105,6 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
-                               "follows": follows_from is not None,
                                "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
@@ -182,7 +181,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                         v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
                **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"}
-                  if v["follows"] else {})}
+                  if v["follows_from"] is not None else {})}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

@@ -301,7 +301,7 @@ class MoeW4A16:
                 grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
                 args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
                         partials, counters, *summed)
-                if v["follows"] and self.pdl and t >= v["follows_from"]:
+                if v["follows_from"] is not None and self.pdl and t >= v["follows_from"]:
                     launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
                                           stream)
                 else:
