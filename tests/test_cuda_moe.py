@@ -168,12 +168,36 @@ def test_k_loop_unrolled_over_whole_ring_turns(rng, g, tile):
 
 
 def test_long_k_split_in_the_block16_bucket(rng):
-    """A down GEMM whose K (5120: 320 k16 steps) passes DECODE_CTA_STEPS splits in the T <= 64
+    """A down GEMM whose K (5120: 320 k16 steps) passes DECODE_CTA_STEPS splits in the T <= 48
     bucket although its calls have a tile for every SM (launched with PDL from T = 4)."""
     layer = layer_for(moe_spec(2048, 5120, 8, 2, tokens_max=64))
     down = layer.plan["gemms"][1]["variants"]
-    assert [(v["max_tokens"], v["block"], v["split"]) for v in down][-1] == (64, 16, 2)
-    assert_matches_reference(rng, layer, (17, 40, 64))
+    assert [(v["max_tokens"], v["block"], v["split"]) for v in down][-2] == (48, 16, 2)
+    assert_matches_reference(rng, layer, (17, 40, 48))
+
+
+@pytest.mark.parametrize("h,i,tile", [(1024, 512, ""), (2048, 5120, ""),
+                                      (1024, 512, "wgmma=0")])
+def test_decode_wide_cta_split_over_k(rng, h, i, tile):
+    """Calls whose average expert passes 12 slots (8 experts, top-2: T = 49..64) take the wide
+    CTA of block 32 split over K (warpgroup MMA, or mma.sync with wgmma=0): against the
+    reference, bitwise the same on a second run, and replayed from a CUDA graph."""
+    layer = layer_for(moe_spec(h, i, 8, 2, tokens_max=64), pipeline=WIDE % tile)
+    last = [g["variants"][-1] for g in layer.plan["gemms"]]
+    assert [(v["max_tokens"], v["block"], v["col_tiles"], v["ctas_per_sm"], v["wgmma"])
+            for v in last] == [(64, 32, 4, 4, tile == "")] * 2
+    assert max(v["split"] for v in last) > 1
+    assert_matches_reference(rng, layer, (49, 57, 64))
+    m = layer.spec.moe
+    host = moe_weights(rng, m.num_experts, h, i, 128)
+    packed = layer.pack(*host)
+    x = cp.asarray(rng.standard_normal((64, h)).astype(np.float16))
+    logits = cp.asarray(rng.standard_normal((64, m.num_experts)).astype(np.float32))
+    a = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
+    layer.out.fill(POISON)
+    b = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
+    assert np.array_equal(a, b), "two runs differ"
+    assert_graph_replays(rng, layer, host, packed, 60)
 
 
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"

@@ -45,7 +45,17 @@ def test_launch_plan():
     spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in ws["buffers"].values())
     assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"] < ws["counters"]["offset"]
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["bytes"]
-    assert plan["buckets"] == [[1, 8], [16, 8], [64, 16], [8192, 32]]
+    assert plan["buckets"] == [[1, 8], [16, 8], [48, 16], [64, 32], [8192, 32]]
+    # T = 49..64: the wide CTA split over K, its registers capped for 4 CTAs an SM; the
+    # partials hold every split of every tile of the largest call
+    for g in plan["gemms"]:
+        v = g["variants"][3]
+        assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, 4)
+        assert re.search(r"__launch_bounds__\(128, 4\)\n" + v["kernel"] + r"\(", source)
+        if v["split"] > 1:
+            blocks = -(-64 * 2 // 32) + 8
+            assert ws["partials"]["bytes"] >= blocks * g["ntiles"] * 64 * 32 * 4 * v["split"]
+            assert ws["counters"]["ints"] >= blocks * g["ntiles"] // v["col_tiles"]
     # the down GEMM splits K at T = 1 (2 experts x 64 tiles < 132 SMs): it has a partials area
     assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
 

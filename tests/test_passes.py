@@ -106,24 +106,29 @@ def test_moe_passes_printed(path):
     tail = tail if 64 < tail < spec.tokens.max else None
     # a bucket for T = 1 alone where the down GEMM of one token has fewer tiles than SMs
     one = spec.tokens.max > 1 and single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
+    # above 12 slots an average expert (Mixtral: T = 49..64) the wide CTA of block 32
+    wd = 12 * spec.moe.num_experts // spec.moe.top_k
+    wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
     buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
         f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
-        f"[16, {fixed or 8}], [64, {fixed or mid}], " + (f"[{tail}, {fixed or 8}], " if tail
-                                                        else "") +
-        f"[{spec.tokens.max}, {fixed or 32}]]")
+        f"[16, {fixed or 8}], " + (f"[{wd}, {mid}], [64, 32], " if wd else
+                                   f"[64, {fixed or mid}], ")
+        + (f"[{tail}, {fixed or 8}], " if tail else "") + f"[{spec.tokens.max}, {fixed or 32}]]")
     # decode buckets: the K-split CTA (16 k a stage, 4 warps, 2 for T = 1 alone, 8 stages where
-    # shared memory holds them); the prefill bucket: the wide CTA of 4 column tiles, 32 k a
-    # stage, 4 stages
+    # shared memory holds them), the wide one split over K (32 k a stage, 5 stages); the
+    # prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
     wide = spec.tokens.max > 64
-    narrow = ", 16" if tail else ""
-    tile = (r"block_k = \[" + ("16, " if one else "") + "16, 16" + narrow + (", 32" if wide else "")
+
+    def per_bucket(one_token, k_split, decode_wide, prefill):
+        return ((f"{one_token}, " if one else "") + k_split + (f", {decode_wide}" if wd else "")
+                + (f", {k_split.split(', ')[-1]}" if tail else "")
+                + (f", {prefill}" if wide else ""))
+    tile = (r"block_k = \[" + per_bucket(16, "16, 16", 32, 32)
             + r"\], warps = \[" + ("2, " if one else "") + r"4(, 4)*\], "
-            r"stages = \[" + ("8, " if one else "") + "8, [358]" + (", 8" if tail else "")
-            + (", 4" if wide else "") + r"\], split_k = \[.*\], "
-            r"col_tiles = \[" + ("1, " if one else "") + "1, 1" + (", 1" if tail else "")
-            + (", 4" if wide else "") + r"\], "
-            r"warp_rows = \[" + ("0, " if one else "") + "0, 0" + (", 0" if tail else "")
-            + (", 32" if wide else "") + r"\]")
+            r"stages = \[" + per_bucket(8, "8, [358]", 5, 4)
+            + r"\], split_k = \[.*\], "
+            r"col_tiles = \[" + per_bucket(1, "1, 1", 4, 4) + r"\], "
+            r"warp_rows = \[" + per_bucket(0, "0, 0", 32, 32) + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -212,7 +217,8 @@ def test_tile_options_override_defaults():
     # block 16 rows: two warps' rings of 3 stages fit, the option is the most a ring gets
     assert ("tile = {block_n = 64, block_k = [16, 16, 16, 16], warps = [2, 2, 2, 2], "
             "stages = [3, 3, 3, 3], split_k = [4, 4, 1, 1], col_tiles = [1, 1, 1, 1], "
-            "warp_rows = [0, 0, 0, 0], wgmma = [false, false, false, false]}") in text
+            "warp_rows = [0, 0, 0, 0], wgmma = [false, false, false, false], "
+            "ctas_per_sm = [0, 0, 0, 0]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -320,11 +326,17 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # split to about 16 warps an SM: 8 ways in the single-token bucket (2 warps a CTA), 4 in
     # the T = 2..16 bucket (4 warps, the split it had before T = 1 had a bucket of its own); in
     # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
-    # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole
-    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [64, 16], [8192, 32]]
-    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1]
-    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 1]
-    assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4]
+    # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole.
+    # Above T = 48 (12 slots an average expert) the wide CTA of block 32 takes decode calls:
+    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [48, 16], [64, 32], [8192, 32]]
+    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 4, 1]
+    assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4]
+    for op in gemms:
+        tile = op.attrs["tile"]
+        assert tile["col_tiles"] == [1, 1, 1, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 2
+        assert tile["stages"][3:] == [5, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0]
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
         module, _, _ = lower(moegen.load_spec(ROOT / "examples" / f"{name}.yaml"), "cuda")

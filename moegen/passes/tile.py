@@ -112,6 +112,12 @@ WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has f
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
 WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1 or 2 of them
+# Decode calls whose average expert gets more than this many slots (most experts would spill
+# into a second 16-row block) take the wide CTA with block 32, split over K (measured on the
+# H200, Mixtral: at T = 56 and 64 9-11% faster than two 16-row blocks an expert; at T = 48 and
+# below slower, where one 16-row block per expert still holds most of them)
+WIDE_DECODE_SLOTS = 12
+WIDE_DECODE_TILE = {"stages": 5, "ctas_per_sm": CTAS_PER_SM}
 
 
 def align_up(x: int, a: int) -> int:
@@ -150,26 +156,46 @@ def decode_block(tokens: int, top_k: int, experts: int) -> int:
     return block
 
 
+def wide_decode_edge(top_k: int, experts: int) -> int:
+    """The largest call whose average expert gets at most WIDE_DECODE_SLOTS slots: decode calls
+    above it take the wide CTA split over K."""
+    return WIDE_DECODE_SLOTS * experts // top_k
+
+
 def narrow_tail_edge(top_k: int, experts: int) -> int:
     """The largest call whose average expert gets at most NARROW_MAX_SLOTS slots."""
     return NARROW_MAX_SLOTS * experts // top_k
 
 
 def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
-    """[[max_tokens, block], ...]: the decode buckets, a bucket of block 8 up to the call whose
-    average expert gets 8 slots where that lies above T = 64, then prefill up to tokens.max."""
+    """[[max_tokens, block], ...]: the decode buckets (the last split where its calls' average
+    expert passes WIDE_DECODE_SLOTS slots, above which block 32: wide_decode_bucket), a
+    bucket of block 8 up to the call whose average expert gets 8 slots where that lies above
+    T = 64, then prefill up to tokens.max."""
     fixed = fixed or spec.moe.block_size
     m, top = spec.moe, spec.tokens.max
     tail = narrow_tail_edge(m.top_k, m.num_experts)
+    wide = wide_decode_edge(m.top_k, m.num_experts)
+    decode = [e for e in DECODE_EDGES if e < top]
+    if not fixed and DECODE_EDGES[0] < wide < min(top, DECODE_MAX_TOKENS):
+        decode = sorted(decode + [wide])
     edges = ([1] if top > 1 and single_token_bucket(m.top_k, m.hidden_size) else []) + (
-        [e for e in DECODE_EDGES if e < top]
-        + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
+        decode + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
     buckets = []
-    for edge in edges:
-        block = (PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) else
+    for i, edge in enumerate(edges):
+        floor = edges[i - 1] + 1 if i else 1
+        block = (PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) or floor > wide else
                  decode_block(edge, m.top_k, m.num_experts))
         buckets.append([edge, fixed or block])
     return buckets
+
+
+def wide_decode_bucket(spec, buckets: list[list[int]], index: int, fixed: int | None) -> bool:
+    """Whether decode bucket `index` takes the wide CTA split over K: its calls' average expert
+    gets more than WIDE_DECODE_SLOTS slots, and no option or spec fixes the block."""
+    m = spec.moe
+    return (not (fixed or m.block_size) and buckets[index][0] <= DECODE_MAX_TOKENS
+            and bucket_floor(buckets, index) > wide_decode_edge(m.top_k, m.num_experts))
 
 
 def bucket_floor(buckets: list[list[int]], index: int) -> int:
@@ -214,11 +240,10 @@ def wide_epilogue_fits(col_tiles: int, block: int) -> bool:
     return col_tiles * block * (64 + 8) * 2 <= SHARED_PER_CTA
 
 
-def wide_col_tiles(ntiles: int, block: int, edge: int, most: int) -> int:
-    """64-column tiles per CTA of the wide GEMM for a prefill bucket: `most` (halved until it
-    divides the weight's tiles and its epilogue fits); 1 (the K-split CTA) for decode buckets
-    and other blocks."""
-    if edge <= DECODE_MAX_TOKENS or block not in WIDE_BLOCKS:
+def wide_col_tiles(ntiles: int, block: int, most: int) -> int:
+    """64-column tiles per CTA of the wide GEMM: `most` (halved until it divides the weight's
+    tiles and its epilogue fits); 1 (the K-split CTA) for blocks it does not take."""
+    if block not in WIDE_BLOCKS:
         return 1
     cols = most
     while cols > 1 and (ntiles % cols or not wide_epilogue_fits(cols, block)):
@@ -492,26 +517,51 @@ class TilePass(Pass):
         # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles and
         # warp_rows at index 7 and 8, and then its block_k and stages are the wide CTA's
         ntiles = -(-n // GEMM_TILE["block_n"])
-        col_tiles, warp_rows, wgmma = [], [], []
+        fixed = self.option("moe-block")
+        group = spec.quant.group_size
+        col_tiles, warp_rows, wgmma, ctas_per_sm = [], [], [], []
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
             cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
-            cols = wide_col_tiles(ntiles, block, edge, cols) if splits[i] == 1 else 1
+            # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
+            # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
+            split_wide = cols > 1 and (
+                wide and (splits[i] > 1 or edge <= DECODE_MAX_TOKENS)
+                or b is None and wide_decode_bucket(spec, buckets, i, fixed))
+            if split_wide:
+                if wide and (block not in WIDE_BLOCKS or ntiles % cols
+                             or not wide_epilogue_fits(cols, block)):
+                    raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
+                                        f"block {block} does not fit {ntiles} tiles")
+                cols = wide_col_tiles(ntiles, block, cols)
+                if not wide and cols > 1:
+                    splits[i] = self._wide_decode_split(
+                        spec, k_dim, min(spec.moe.num_experts,
+                                         bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
+                        // cols, split)
+                if (k_dim // group) % splits[i]:
+                    raise PipelineError(f"split-k {splits[i]}: the wide CTA splits K = {k_dim} "
+                                        f"into whole groups of {group}")
+            elif edge > DECODE_MAX_TOKENS and splits[i] == 1:
+                cols = wide_col_tiles(ntiles, block, cols)
+            else:
+                cols = 1
             col_tiles.append(cols)
+            ctas_per_sm.append(WIDE_DECODE_TILE["ctas_per_sm"] if split_wide and cols > 1 else 0)
             rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
             warp_rows.append(rows)
             if cols == 1:
                 wgmma.append(False)
                 continue
             bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
-            if (k_dim // 16) % (bk // 16) or spec.quant.group_size % bk:
+            if (k_dim // 16) % (bk // 16) or group % bk:
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
-                                    f"{spec.quant.group_size}, is not a whole number of "
-                                    f"{bk}-deep stages")
+                                    f"{group}, is not a whole number of {bk}-deep stages")
             block_k[i], warps[i] = bk, cols * block // rows
+            default_stages = WIDE_DECODE_TILE["stages"] if split_wide else WIDE_TILE["stages"]
             stages[i] = wide_stages(block, cols, self.option("stages") or (
-                b[3] if wide else WIDE_TILE["stages"]), bk)
+                b[3] if wide else default_stages), bk)
             # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
             # measured on mma.sync)
             fits = wgmma_fits(cols, rows, block, bk, stages[i])
@@ -519,7 +569,24 @@ class TilePass(Pass):
             wgmma.append(wg and fits)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
                 "stages": stages, "split_k": splits, "col_tiles": col_tiles,
-                "warp_rows": warp_rows, "wgmma": wgmma}
+                "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm}
+
+    @staticmethod
+    def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None) -> int:
+        """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
+        option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
+        passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
+        H200, Mixtral T = 64: its down GEMM split 4 318.5 us for the layer, 8 326.5, 16 350.1;
+        gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than 1.)"""
+        if fixed:
+            return fixed
+
+        def allowed(split: int) -> bool:
+            return (k_dim // spec.quant.group_size) % split == 0
+        split = doubled_split(tiles, CTAS_PER_SM, allowed)
+        while k_dim // 16 // split > DECODE_CTA_STEPS and allowed(split * 2):
+            split *= 2
+        return split
 
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec

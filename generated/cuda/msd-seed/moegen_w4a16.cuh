@@ -709,6 +709,42 @@ __device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
       for (int c = 0; c < 4; ++c) acc[t][nt][c] = 0.0f;
 }
 
+// Split-K of the wide CTAs (SPLIT > 1, decode-sized calls): the CTAs of one tile, one per K
+// range, leave their fp32 sums in `partials`, thread by thread in 16-byte pieces; the last to
+// arrive adds them up in split order (so the result does not depend on which one that is) into
+// v and returns true, the others return false.
+template <int SPLIT, int THREADS, int N>
+__device__ __forceinline__ bool split_k_gather(float (&v)[N], float* __restrict__ partials,
+                                               int* __restrict__ counters, int tile_id, int split,
+                                               int& flag) {
+  static_assert(N % 4 == 0, "whole 16-byte pieces");
+  constexpr int PIECES = N / 4;
+  float4* base = reinterpret_cast<float4*>(partials) + (size_t)tile_id * SPLIT * PIECES * THREADS +
+                 threadIdx.x;
+  float4* mine = base + (size_t)split * PIECES * THREADS;
+#pragma unroll
+  for (int j = 0; j < PIECES; ++j)
+    mine[j * THREADS] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  if (!last_to_arrive(&counters[tile_id], SPLIT, flag)) return false;
+#pragma unroll
+  for (int j = 0; j < PIECES; ++j) {
+    float4 sum = __ldcg(base + j * THREADS);
+#pragma unroll
+    for (int s = 1; s < SPLIT; ++s) {
+      const float4 p = __ldcg(base + ((size_t)s * PIECES + j) * THREADS);
+      sum.x += p.x;
+      sum.y += p.y;
+      sum.z += p.z;
+      sum.w += p.w;
+    }
+    v[4 * j] = sum.x;
+    v[4 * j + 1] = sum.y;
+    v[4 * j + 2] = sum.z;
+    v[4 * j + 3] = sum.w;
+  }
+  return true;
+}
+
 // The wide CTAs' epilogue: each warp's accumulators (acc[t][nt]: columns 16 t .. 16 t + 15 of
 // its 64-column tile, rows row0 + 8 nt .. + 7) as fp16 into shared memory (SwiGLU, or times the
 // routing weight), then out in 16-byte pieces; padding rows write nothing. SUM_TOPK > 0: the
@@ -786,13 +822,15 @@ __device__ __forceinline__ void wide_epilogue(
 // the MMA (a warp's rows leave no registers for per-group partial sums). The epilogue goes
 // through shared memory so that each output row is written in 16-byte pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
-          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+          int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
+          int SPLIT = 1>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
     half* __restrict__ out, half* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr) {
+    int* __restrict__ sum_counters = nullptr, float* __restrict__ partials = nullptr,
+    int* __restrict__ counters = nullptr) {
   constexpr int ROW_GROUPS = BLOCK / WARP_ROWS, WARPS = COLT * ROW_GROUPS, THREADS = 32 * WARPS;
   constexpr int NT = WARP_ROWS / 8;              // n8 tiles of a warp's rows
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
@@ -800,6 +838,9 @@ __device__ __forceinline__ void grouped_gemm_wide(
                 NTILES % COLT == 0, "whole row groups of 32 or 64 and whole column tiles");
   static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
+  constexpr int GROUP_ITERS = G / (16 * KS), CTA_ITERS = ITERS / SPLIT;
+  static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
+                "K splits into whole scale groups");
   // a stage: weights [KS][COLT][32 lanes] x 16 B, then the block's rows, 32 KS bytes of k each,
   // padded by 16 so that ldmatrix's eight row addresses hit distinct banks
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
@@ -811,6 +852,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  const int split = blockIdx.z, it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -834,7 +876,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
-    const int step = i * KS;
+    const int step = (it0 + i) * KS;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
@@ -846,8 +888,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
-  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (GROUPS > 1 ? NTILES * 8 : 0));
+  const uint4* sp = scales + ((size_t)(expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
+  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
   float acc[4][NT][4];
@@ -887,24 +929,30 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ITERS) issue(s);
+    if (s < CTA_ITERS) issue(s);
     cp_async_commit();
   }
-  constexpr int GROUP_ITERS = G / (16 * KS);
-  for (int i = 0; i < ITERS; ++i) {
+  for (int i = 0; i < CTA_ITERS; ++i) {
     cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
     __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
-    if (i + STAGES - 1 < ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
+    if (i + STAGES - 1 < CTA_ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
     cp_async_commit();
-    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group
-      const int group = i / GROUP_ITERS;
+    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group (of the CTA's groups, the g-th)
+      const int g = i / GROUP_ITERS;
       scale_now = scale_next;
-      if (group + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(group + 1) * NTILES * 8);
+      if (group0 + g + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(g + 1) * NTILES * 8);
     }
     multiply_stage(i);
   }
   cp_async_wait<0>();
   __syncthreads();                         // the ring is free: the output rows reuse it
+  if constexpr (SPLIT > 1) {
+    __shared__ int last_cta;
+    if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
+                                        counters, blk * (NTILES / COLT) + col_tile, split,
+                                        last_cta))
+      return;
+  }
 
   wide_epilogue<BLOCK, WARP_ROWS, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
       acc, smem, row0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
@@ -1006,13 +1054,15 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 // Accumulators and epilogue are those of grouped_gemm_wide with WARP_ROWS = BLOCK, so the
 // output is the same computation in another summation order.
 template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
-          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
+          int SPLIT = 1>
 __device__ __forceinline__ void grouped_gemm_wgmma(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
     half* __restrict__ out, half* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr) {
+    int* __restrict__ sum_counters = nullptr, float* __restrict__ partials = nullptr,
+    int* __restrict__ counters = nullptr) {
   constexpr int THREADS = 32 * COLT, NT = BLOCK / 8;
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
   static_assert((BLOCK == 32 || BLOCK == 64) && (COLT == 4 || COLT == 8) && NTILES % COLT == 0,
@@ -1020,6 +1070,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
   static_assert(KS % 2 == 0, "A fragments alternate between two register sets by step parity");
   static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
+  constexpr int GROUP_ITERS = G / (16 * KS), CTA_ITERS = ITERS / SPLIT;
+  static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
+                "K splits into whole scale groups");
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
   constexpr int STAGE_BYTES = W_BYTES + A_BYTES, RING_BYTES = STAGES * STAGE_BYTES;
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
@@ -1028,6 +1081,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  const int split = blockIdx.z, it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1050,7 +1104,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
-    const int step = i * KS;
+    const int step = (it0 + i) * KS;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
@@ -1062,8 +1116,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
-  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (GROUPS > 1 ? NTILES * 8 : 0));
+  const uint4* sp = scales + ((size_t)(expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
+  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
@@ -1095,21 +1149,20 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < ITERS) issue(s);
+    if (s < CTA_ITERS) issue(s);
     cp_async_commit();
   }
-  constexpr int GROUP_ITERS = G / (16 * KS);
-  for (int i = 0; i < ITERS; ++i) {
+  for (int i = 0; i < CTA_ITERS; ++i) {
     wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
     fence_proxy_async();                   // ... where the tensor cores will read it
     __syncthreads();                       // everyone's; stage i - 2 is no longer read
-    if (i + AHEAD < ITERS) issue(i + AHEAD);   // into stage i - 2's slot
+    if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
-    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group
-      const int group = i / GROUP_ITERS;
+    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group (of the CTA's groups, the g-th)
+      const int g = i / GROUP_ITERS;
       scale_now = scale_next;
-      if (group + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(group + 1) * NTILES * 8);
+      if (group0 + g + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(g + 1) * NTILES * 8);
     }
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
 #pragma unroll
@@ -1127,6 +1180,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
   cp_async_wait<0>();
   __syncthreads();                         // the ring is free: the output rows reuse it
+  if constexpr (SPLIT > 1) {
+    __shared__ int last_cta;
+    if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
+                                        counters, blk * (NTILES / COLT) + col_tile, split,
+                                        last_cta))
+      return;
+  }
 
   wide_epilogue<BLOCK, BLOCK, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
       acc, smem, 0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,

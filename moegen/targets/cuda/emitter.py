@@ -82,9 +82,9 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             mul_weights=bool(op.attr("mul_topk_weights")))
         buckets = op.attrs["block_buckets"]
         single = starts_with_single_token_bucket(buckets)
-        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg) in enumerate(zip(
+        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas) in enumerate(zip(
                 buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
-                tile["col_tiles"], tile["warp_rows"], tile["wgmma"])):
+                tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"])):
             one_token = single and i == 0
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
@@ -97,7 +97,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # and rows per warp
             if cols > 1:
                 kernel = (f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
-                          + ("_wg" if wg else ""))
+                          + (f"_s{split}" if split > 1 else "") + ("_wg" if wg else ""))
             else:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
@@ -105,6 +105,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
+                               "ctas_per_sm": ctas,
                                "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
