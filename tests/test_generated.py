@@ -45,8 +45,8 @@ def test_launch_plan():
     spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in ws["buffers"].values())
     assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"] < ws["counters"]["offset"]
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["bytes"]
-    assert plan["buckets"] == [[1, 8], [16, 8], [48, 16], [64, 32], [8192, 32]]
-    # T = 49..64: the wide CTA split over K, its registers capped for 4 CTAs an SM; the
+    assert plan["buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [8192, 32]]
+    # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM; the
     # partials hold every split of every tile of the largest call
     for g in plan["gemms"]:
         v = g["variants"][3]

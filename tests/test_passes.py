@@ -106,8 +106,8 @@ def test_moe_passes_printed(path):
     tail = tail if 64 < tail < spec.tokens.max else None
     # a bucket for T = 1 alone where the down GEMM of one token has fewer tiles than SMs
     one = spec.tokens.max > 1 and single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
-    # above 12 slots an average expert (Mixtral: T = 49..64) the wide CTA of block 32
-    wd = 12 * spec.moe.num_experts // spec.moe.top_k
+    # above 13 slots an average expert (Mixtral: T = 53..64) the wide CTA of block 32
+    wd = 13 * spec.moe.num_experts // spec.moe.top_k
     wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
     buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
         f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
@@ -327,9 +327,9 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # the T = 2..16 bucket (4 warps, the split it had before T = 1 had a bucket of its own); in
     # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
     # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole.
-    # Above T = 48 (12 slots an average expert) the wide CTA of block 32 takes decode calls:
+    # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
     # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways
-    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [48, 16], [64, 32], [8192, 32]]
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [8192, 32]]
     assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1, 1]
     assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 4, 1]
     assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4]

@@ -113,10 +113,12 @@ WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
 WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1 or 2 of them
 # Decode calls whose average expert gets more than this many slots (most experts would spill
-# into a second 16-row block) take the wide CTA with block 32, split over K (measured on the
-# H200, Mixtral: at T = 56 and 64 9-11% faster than two 16-row blocks an expert; at T = 48 and
-# below slower, where one 16-row block per expert still holds most of them)
-WIDE_DECODE_SLOTS = 12
+# into a second 16-row block) take the wide CTA with block 32, split over K. Measured on the
+# H200, Mixtral, on two routing draws: at T = 56, 60 and 64 the wide CTA is 3-11% faster than
+# 16-row blocks (T = 64: 320 against 357 us); at T = 50 and 52 9% slower (318 against 290-294),
+# at T = 44 and 48 even: its cost is flat in T, the 16-row blocks' steps with each expert that
+# passes 16 slots
+WIDE_DECODE_SLOTS = 13
 WIDE_DECODE_TILE = {"stages": 5, "ctas_per_sm": CTAS_PER_SM}
 
 
