@@ -35,6 +35,11 @@ MoE (`moe_w4a16`):
   any decode bucket, doubled while a CTA's share of K passes 256 k16 steps (DECODE_CTA_STEPS:
   Mixtral's down GEMM splits 4 ways at T = 17..64, whose last wave was left to few SMs). K/16 must
   divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
+  Where an average expert gets more than WIDE_DECODE_SLOTS (13) slots in decode calls (Mixtral
+  T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
+  (_wide_decode_split) and its registers capped for 4 CTAs an SM (``ctas_per_sm``): its cost
+  is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
+  H200: Mixtral T = 64 317-320 against 357-373 us).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
   tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps

@@ -283,7 +283,7 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 // Grouped W4A16 GEMMs (the mainloops are moegen::grouped_gemm, the K-split CTA, and
 // moegen::grouped_gemm_wide, the wide CTA of prefill buckets, or grouped_gemm_wgmma, the same
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
-// wide CTAs use no partials or counters).
+// wide CTAs use the partials and counters only where they split K).
 // gate_up: K = 2048, 44 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,

@@ -812,7 +812,8 @@ __device__ __forceinline__ void wide_epilogue(
 }
 
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
-// 64-column tiles over the whole K; warp (c, h) multiplies column tile c with block rows
+// 64-column tiles over the whole K (or, SPLIT > 1, one of SPLIT ranges of whole scale groups,
+// for decode-sized calls; the partial sums meet in split_k_gather); warp (c, h) multiplies column tile c with block rows
 // WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
 // at twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
 // stages together, each stage KS k16 steps of the COLT weight tiles and the block's rows, so a
@@ -852,7 +853,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
-  const int split = blockIdx.z, it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
+  const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
+  const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -888,7 +890,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + ((size_t)(expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
+  const uint4* sp = scales + (((size_t)expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
   uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
@@ -1040,7 +1042,8 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM on warpgroup MMA (sm_90a): the wide CTA's tile (BLOCK rows
-// of one expert x COLT = 4 or 8 column tiles of 64, over the whole K) with COLT / 4 warpgroups
+// of one expert x COLT = 4 or 8 column tiles of 64, over the whole K or one of SPLIT ranges of
+// it as the wide CTA) with COLT / 4 warpgroups
 // (two share each staged activation row over 512 columns). Warp w dequantizes
 // the weights of column tile w (the A fragments of its four 16-column subtiles, scaled before
 // the MMA as in the wide CTA) and its warpgroup issues, per k16 step, one wgmma per subtile t:
@@ -1081,7 +1084,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
-  const int split = blockIdx.z, it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
+  const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
+  const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1116,7 +1120,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + ((size_t)(expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
+  const uint4* sp = scales + (((size_t)expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
   uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of

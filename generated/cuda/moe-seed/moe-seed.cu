@@ -283,7 +283,7 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 // Grouped W4A16 GEMMs (the mainloops are moegen::grouped_gemm, the K-split CTA, and
 // moegen::grouped_gemm_wide, the wide CTA of prefill buckets, or grouped_gemm_wgmma, the same
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
-// wide CTAs use no partials or counters).
+// wide CTAs use the partials and counters only where they split K).
 // gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 8, 8 ring stages of 16 k, 2 warps
 // (releases the down GEMM's programmatic dependent launch after its K loop, not at its start)
 extern "C" __global__ void __launch_bounds__(64)
