@@ -115,7 +115,7 @@ def test_moe_passes_printed(path):
                                    f"[64, {fixed or mid}], ")
         + (f"[{tail}, {fixed or 8}], " if tail else "") + f"[{spec.tokens.max}, {fixed or 32}]]")
     # decode buckets: the K-split CTA (16 k a stage, 4 warps, 2 for T = 1 alone, 8 stages where
-    # shared memory holds them), the wide one split over K (32 k a stage, 5 stages); the
+    # shared memory holds them), the wide one split over K (32 k a stage, 4 stages); the
     # prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
     wide = spec.tokens.max > 64
 
@@ -125,7 +125,7 @@ def test_moe_passes_printed(path):
                 + (f", {prefill}" if wide else ""))
     tile = (r"block_k = \[" + per_bucket(16, "16, 16", 32, 32)
             + r"\], warps = \[" + ("2, " if one else "") + r"4(, 4)*\], "
-            r"stages = \[" + per_bucket(8, "8, [358]", 5, 4)
+            r"stages = \[" + per_bucket(8, "8, [358]", 4, 4)
             + r"\], split_k = \[.*\], "
             r"col_tiles = \[" + per_bucket(1, "1, 1", 4, 4) + r"\], "
             r"warp_rows = \[" + per_bucket(0, "0, 0", 32, 32) + r"\]")
@@ -336,7 +336,7 @@ def test_split_k_divides_k_and_fills_the_gpu():
     for op in gemms:
         tile = op.attrs["tile"]
         assert tile["col_tiles"] == [1, 1, 1, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 2
-        assert tile["stages"][3:] == [5, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0]
+        assert tile["stages"][3:] == [4, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0]
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
         module, _, _ = lower(moegen.load_spec(ROOT / "examples" / f"{name}.yaml"), "cuda")

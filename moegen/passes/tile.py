@@ -124,7 +124,7 @@ WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1
 # at T = 44 and 48 even: its cost is flat in T, the 16-row blocks' steps with each expert that
 # passes 16 slots
 WIDE_DECODE_SLOTS = 13
-WIDE_DECODE_TILE = {"stages": 5, "ctas_per_sm": CTAS_PER_SM}
+WIDE_DECODE_TILE = {"stages": 4, "ctas_per_sm": CTAS_PER_SM}
 
 
 def align_up(x: int, a: int) -> int:
@@ -583,7 +583,8 @@ class TilePass(Pass):
         """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
         option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
         passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
-        H200, Mixtral T = 64: its down GEMM split 4 318.5 us for the layer, 8 326.5, 16 350.1;
+        H200, Mixtral T = 64, 5 stages: its down GEMM split 4 318.5 us for the layer, 8 326.5,
+        16 350.1, 2 376.6 (4 stages);
         gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than 1.)"""
         if fixed:
             return fixed

@@ -97,7 +97,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # and rows per warp
             if cols > 1:
                 kernel = (f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
-                          + (f"_s{split}" if split > 1 else "") + ("_wg" if wg else ""))
+                          + (f"_s{split}" if split > 1 else "") + ("_wg" if wg else "")
+                          + (f"_o{ctas}" if ctas else ""))
             else:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
