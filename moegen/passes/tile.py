@@ -584,7 +584,7 @@ class TilePass(Pass):
         option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
         passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
         H200, Mixtral T = 64, 5 stages: its down GEMM split 4 318.5 us for the layer, 8 326.5,
-        16 350.1, 2 376.6 (4 stages);
+        16 350.1, 2 376.7;
         gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than 1.)"""
         if fixed:
             return fixed
