@@ -210,7 +210,8 @@ class MoeConfig:
     the most copy-ring stages, k per ring stage and warps per CTA of a token count (block_n is
     the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
     prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
-    tile allows."""
+    tile allows (at decode sizes split over K: the tile pass's default where an average expert
+    gets more than 13 slots; the sweep keeps it where no candidate beats it)."""
     moe_block: int
     split_k: int
     stages: int = 8
@@ -390,7 +391,8 @@ def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
             rows = min(c.warp_rows, c.moe_block)
             stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
             wg = bool(c.wgmma) and wgmma_fits(c.col_tiles, rows, c.moe_block, c.block_k, stages)
-            return (c.moe_block, c.col_tiles, rows, c.block_k, stages, wg)
+            return (c.moe_block, c.col_tiles, rows, c.block_k, stages, wg, c.split_k,
+                    c.as_dict()["split_k_down"])
         return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
                 gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
     return built(a) == built(b)

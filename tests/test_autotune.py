@@ -184,6 +184,10 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
     assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
+    assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4)
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4),
+                            at.default_config(mixtral, 64))
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most

@@ -445,3 +445,33 @@ def test_alloc_msd_rotating_buffers_take_their_slots():
     assert "x_g" not in by and "acc_out" not in by  # views and the in-place accumulator
     plan = plan_of(module, MSD.tokens.max)
     assert plan.size == ctx.results["alloc"].size
+
+
+class _Entries:
+    """A tuning database lookup answering fixed bucket entries."""
+    def __init__(self, buckets):
+        self.buckets = buckets
+
+    def lookup(self, spec, target):
+        return {"buckets": self.buckets}
+
+
+def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
+    """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
+    the entry says, registers capped for 4 CTAs an SM; a split that cuts a scale group fails."""
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    head = [[1, 8, 1, 8, 8, 16, 2], [16, 8, 1, 8, 4, 16, 4]]
+    prefill = [8192, 32, 1, 4, 1, 32, 4, 4, 32, 1]
+    module = lower(mixtral, "cuda", tuning=_Entries(
+        head + [[64, 32, 2, 4, 8, 32, 4, 4, 32, 1], prefill]))[0]
+    up, down = [op.attrs["tile"] for op in module.function().ops
+                if op.NAME == "moe.grouped_gemm_w4a16"]
+    for tile, split in ((up, 2), (down, 8)):
+        assert (tile["col_tiles"][2], tile["split_k"][2], tile["ctas_per_sm"][2],
+                tile["wgmma"][2], tile["stages"][2]) == (4, split, 4, True, 4)
+        assert tile["ctas_per_sm"][3] == 0 and tile["split_k"][3] == 1
+    # down's K = 14336 has 112 scale groups: a split of 64 (896 k16 steps, whole for 1 warp of
+    # 16 k a stage) would leave CTAs parts of groups
+    with pytest.raises(PipelineError, match="whole groups of 128"):
+        lower(mixtral, "cuda", tuning=_Entries(head + [[64, 32, 1, 4, 64, 16, 1, 4, 32, 1],
+                                                       prefill]))
