@@ -60,12 +60,14 @@ def test_launch_plan():
     assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
 
 
-def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
+def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
     """The launch plan marks the down GEMM's K-split kernels for programmatic dependent launch
     from PDL_MIN_TOKENS tokens, and from one in the single-token bucket (Mixtral's T = 1, whose
-    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true.
-    Gate/up, the wide CTAs and the other kernels of buckets below PDL_MIN_TOKENS (Qwen3's
-    T = 1..16 bucket holds calls from PDL_MIN_TOKENS up) launch plainly."""
+    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true. So
+    does the down GEMM's wide CTA of a decode bucket (Mixtral's T = 53..64), whose gate/up
+    kernel passes RELEASES = true. Gate/up, the prefill wide CTAs and the other kernels of
+    buckets below PDL_MIN_TOKENS (Qwen3's T = 1..16 bucket holds calls from PDL_MIN_TOKENS up)
+    launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
@@ -75,7 +77,11 @@ def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
         single = name == "mixtral-8x7b"
         assert (down["variants"][0]["max_tokens"] == 1) == single
         follows = {v["kernel"] for i, v in enumerate(down["variants"])
-                   if v["col_tiles"] == 1 and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
+                   if (v["col_tiles"] == 1 or v["ctas_per_sm"])
+                   and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
+        releases = {v["kernel"] for v in up["variants"] if v["ctas_per_sm"]}
+        assert {v["kernel"] for v in up["variants"] if v["releases"]} == releases
+        assert (len(releases) == 1) == single     # Mixtral's wide decode bucket
         assert follows and all(v["follows_from"] is None for v in up["variants"])
         for i, v in enumerate(down["variants"]):
             want = 1 if single and i == 0 else PDL_MIN_TOKENS if v["kernel"] in follows else None
@@ -88,7 +94,11 @@ def test_only_the_down_gemms_k_split_kernels_follow_with_pdl():
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
-            if v["col_tiles"] > 1:
+            if v["col_tiles"] > 1:      # the wide CTAs: ..., SPLIT, RELEASES, FOLLOWS> in a decode bucket
+                wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
+                flags = [a.strip() for a in wide[13:]]
+                assert flags == ([str(v["split"]), str(v["kernel"] in releases).lower(),
+                                  str(v["kernel"] in follows).lower()] if v["ctas_per_sm"] else []), v
                 continue
             tail = [a.strip() for a in args.group(1).split(",")][15:]   # FOLLOWS, RELEASE_AFTER_LOOP
             assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]
@@ -224,6 +234,35 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
                 before = body[:body.index("griddepcontrol.wait")]
                 assert "cp.async.cg.shared.global.L2::cache_hint" in before, name
                 assert not re.search(r"cp\.async\.cg\.shared\.global \[", before), name
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_wide_decode_cta_releases_and_follows(tmp_path):
+    """sm_90a, Mixtral: the gate/up wide CTA of the decode bucket releases the next kernel at its
+    start, the down one copies weights (plain copies) before griddepcontrol.wait and no
+    activation rows (the zero-fill copies) before it; the prefill wide CTAs have neither."""
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    files = emit(spec, "cuda")
+    plan = json.loads(files["mixtral-8x7b.launch.json"])
+    src = write_emitted(files, "mixtral-8x7b", tmp_path)
+    ptx_path = tmp_path / "k.ptx"
+    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o",
+                           str(ptx_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    entries = ptx_entries(ptx_path.read_text())
+    up, down = plan["gemms"]
+    for v in up["variants"] + down["variants"]:
+        if v["col_tiles"] == 1:
+            continue
+        body = entries[v["kernel"]]
+        decode = v["ctas_per_sm"] > 0
+        assert ("griddepcontrol.launch_dependents" in body) == (decode and v in up["variants"])
+        assert ("griddepcontrol.wait" in body) == (decode and v in down["variants"])
+        if "griddepcontrol.wait" in body:
+            before = body[:body.index("griddepcontrol.wait")]
+            assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16;", before)
+            assert not re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16, ",
+                                 before), v["kernel"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

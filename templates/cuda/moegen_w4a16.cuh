@@ -824,7 +824,7 @@ __device__ __forceinline__ void wide_epilogue(
 // through shared memory so that each output row is written in 16-byte pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1>
+          int SPLIT = 1, bool RELEASES = false, bool FOLLOWS = false>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -852,6 +852,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
+  // RELEASES / FOLLOWS (the wide decode bucket): as grouped_gemm's release_dependents and FOLLOWS
+  if constexpr (RELEASES) release_dependents();
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
   const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
@@ -876,10 +878,14 @@ __device__ __forceinline__ void grouped_gemm_wide(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
+  // copy iteration i's k16 steps into its stage: the weights, then the rows
+  auto issue_weights = [&](int i) {
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(smem + (i % STAGES) * STAGE_BYTES, w_cta,
+                                                 (it0 + i) * KS);
+  };
+  auto issue_rows = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = (it0 + i) * KS;
-    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
@@ -887,6 +893,10 @@ __device__ __forceinline__ void grouped_gemm_wide(
       cp_async16_zfill(st + W_BYTES + (c / CHUNKS) * A_ROW + 16 * (c % CHUNKS),
                        copy_row[q] + step * 16, copy_bytes[q]);
     }
+  };
+  auto issue = [&](int i) {
+    issue_weights(i);
+    issue_rows(i);
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
@@ -929,9 +939,18 @@ __device__ __forceinline__ void grouped_gemm_wide(
     }
   };
 
+  if constexpr (FOLLOWS) {   // the first stages' weights before the wait (in the first group)
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+      if (s < CTA_ITERS) issue_weights(s);
+    wait_for_previous_kernel();
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < CTA_ITERS) issue(s);
+    if (s < CTA_ITERS) {
+      if constexpr (!FOLLOWS) issue_weights(s);
+      issue_rows(s);
+    }
     cp_async_commit();
   }
   for (int i = 0; i < CTA_ITERS; ++i) {
@@ -1058,7 +1077,7 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 // output is the same computation in another summation order.
 template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
           int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1>
+          int SPLIT = 1, bool RELEASES = false, bool FOLLOWS = false>
 __device__ __forceinline__ void grouped_gemm_wgmma(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -1083,6 +1102,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   constexpr int AHEAD = STAGES - 2;                // stages in flight ahead of the current one
   __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
+  // RELEASES / FOLLOWS (the wide decode bucket): as grouped_gemm's release_dependents and FOLLOWS
+  if constexpr (RELEASES) release_dependents();
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
   const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
@@ -1106,10 +1127,14 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  auto issue = [&](int i) {              // copy iteration i's k16 steps into its stage
+  // copy iteration i's k16 steps into its stage: the weights, then the rows
+  auto issue_weights = [&](int i) {
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(smem + (i % STAGES) * STAGE_BYTES, w_cta,
+                                                 (it0 + i) * KS);
+  };
+  auto issue_rows = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = (it0 + i) * KS;
-    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, step);
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
@@ -1117,6 +1142,10 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
                        copy_row[q] + step * 16, copy_bytes[q]);
     }
+  };
+  auto issue = [&](int i) {
+    issue_weights(i);
+    issue_rows(i);
   };
 
   // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
@@ -1151,9 +1180,18 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     wgmma_commit();
   };
 
+  if constexpr (FOLLOWS) {   // the first stages' weights before the wait (in the first group)
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s)
+      if (s < CTA_ITERS) issue_weights(s);
+    wait_for_previous_kernel();
+  }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < CTA_ITERS) issue(s);
+    if (s < CTA_ITERS) {
+      if constexpr (!FOLLOWS) issue_weights(s);
+      issue_rows(s);
+    }
     cp_async_commit();
   }
   for (int i = 0; i < CTA_ITERS; ++i) {

@@ -90,7 +90,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
             # in the single-token bucket, whose gate/up releases it only after its K loop
             # (launch.py)
-            follows_from = (None if g.name != "down" or cols > 1 else 1 if one_token
+            # (and the wide CTA of a decode bucket, ctas > 0, whose gate/up releases it)
+            follows_from = (None if g.name != "down" or cols > 1 and not ctas else 1 if one_token
                             else PDL_MIN_TOKENS if edge >= PDL_MIN_TOKENS else None)
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
@@ -106,7 +107,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
-                               "ctas_per_sm": ctas,
+                               "ctas_per_sm": ctas, "releases": g.name == "gate_up" and ctas > 0,
                                "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
