@@ -94,11 +94,11 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
-            if v["col_tiles"] > 1:      # the wide CTAs: ..., SPLIT, RELEASES, FOLLOWS> in a decode bucket
+            if v["col_tiles"] > 1:      # the wide CTAs: ..., SPLIT, RELEASES, FOLLOWS> at decode
                 wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
-                flags = [a.strip() for a in wide[13:]]
-                assert flags == ([str(v["split"]), str(v["kernel"] in releases).lower(),
-                                  str(v["kernel"] in follows).lower()] if v["ctas_per_sm"] else []), v
+                want = [str(v["split"]), str(v["kernel"] in releases).lower(),
+                        str(v["kernel"] in follows).lower()]
+                assert [a.strip() for a in wide[13:]] == (want if v["ctas_per_sm"] else []), v
                 continue
             tail = [a.strip() for a in args.group(1).split(",")][15:]   # FOLLOWS, RELEASE_AFTER_LOOP
             assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]

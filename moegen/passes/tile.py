@@ -39,7 +39,8 @@ MoE (`moe_w4a16`):
   T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
   (_wide_decode_split) and its registers capped for 4 CTAs an SM (``ctas_per_sm``): its cost
   is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
-  H200: Mixtral T = 64 317-320 against 357-373 us).
+  H200: Mixtral T = 64 317-320 against 357-373 us). Its down GEMM launches with programmatic
+  dependent launch from PDL_MIN_TOKENS, its first weight stages before the wait (0.6% faster).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
   tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps
@@ -584,8 +585,8 @@ class TilePass(Pass):
         option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
         passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
         H200, Mixtral T = 64, 5 stages: its down GEMM split 4 318.5 us for the layer, 8 326.5,
-        16 350.1, 2 376.7;
-        gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than 1.)"""
+        16 350.1, 2 376.7; gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than
+        1.)"""
         if fixed:
             return fixed
 

@@ -813,8 +813,8 @@ __device__ __forceinline__ void wide_epilogue(
 
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
 // 64-column tiles over the whole K (or, SPLIT > 1, one of SPLIT ranges of whole scale groups,
-// for decode-sized calls; the partial sums meet in split_k_gather); warp (c, h) multiplies column tile c with block rows
-// WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
+// for decode-sized calls; the partial sums meet in split_k_gather); warp (c, h) multiplies
+// column tile c with block rows WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
 // at twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
 // stages together, each stage KS k16 steps of the COLT weight tiles and the block's rows, so a
 // staged activation row serves COLT x 64 columns and a staged weight tile every row group (the

@@ -82,9 +82,10 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             mul_weights=bool(op.attr("mul_topk_weights")))
         buckets = op.attrs["block_buckets"]
         single = starts_with_single_token_bucket(buckets)
-        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas) in enumerate(zip(
-                buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
-                tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"])):
+        per_bucket = zip(buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
+                         tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"])
+        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas) in enumerate(
+                per_bucket):
             one_token = single and i == 0
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
