@@ -123,9 +123,9 @@ WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1
 # H200, Mixtral, on two routing draws: at T = 56, 60 and 64 the wide CTA is 3-11% faster than
 # 16-row blocks (T = 64: 320 against 357 us); at T = 50 and 52 9% slower (318 against 290-294),
 # at T = 44 and 48 even: its cost is flat in T, the 16-row blocks' steps with each expert that
-# passes 16 slots
+# passes 16 slots. Its ring is the prefill one (WIDE_TILE: 4 stages; 309-310 us against 321-323
+# at 5 at T = 56 and 64), its registers capped for CTAS_PER_SM CTAs an SM.
 WIDE_DECODE_SLOTS = 13
-WIDE_DECODE_TILE = {"stages": 4, "ctas_per_sm": CTAS_PER_SM}
 
 
 def align_up(x: int, a: int) -> int:
@@ -556,7 +556,7 @@ class TilePass(Pass):
             else:
                 cols = 1
             col_tiles.append(cols)
-            ctas_per_sm.append(WIDE_DECODE_TILE["ctas_per_sm"] if split_wide and cols > 1 else 0)
+            ctas_per_sm.append(CTAS_PER_SM if split_wide and cols > 1 else 0)
             rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
             warp_rows.append(rows)
             if cols == 1:
@@ -567,9 +567,8 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                     f"{group}, is not a whole number of {bk}-deep stages")
             block_k[i], warps[i] = bk, cols * block // rows
-            default_stages = WIDE_DECODE_TILE["stages"] if split_wide else WIDE_TILE["stages"]
             stages[i] = wide_stages(block, cols, self.option("stages") or (
-                b[3] if wide else default_stages), bk)
+                b[3] if wide else WIDE_TILE["stages"]), bk)
             # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
             # measured on mma.sync)
             fits = wgmma_fits(cols, rows, block, bk, stages[i])

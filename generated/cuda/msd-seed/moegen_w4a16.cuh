@@ -342,6 +342,29 @@ __device__ __forceinline__ void topk_sum_chunk(const half* __restrict__ rows, si
   *reinterpret_cast<uint4*>(sum_out + t * NOUT + col) = o;
 }
 
+// The first AHEAD stages of a copy ring, one commit group each, for a K range of `iters`
+// stages: issue_weights(s) then issue_rows(s). FOLLOWS (a kernel launched with programmatic
+// dependent launch, whose input rows the kernel before it writes): every one of those stages'
+// weights first, then the wait for that kernel, then the rows (the first commit group holds
+// all the early weights).
+template <int AHEAD, bool FOLLOWS, typename Weights, typename Rows>
+__device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Rows issue_rows) {
+  if constexpr (FOLLOWS) {
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s)
+      if (s < iters) issue_weights(s);
+    wait_for_previous_kernel();
+  }
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < iters) {
+      if constexpr (!FOLLOWS) issue_weights(s);
+      issue_rows(s);
+    }
+    cp_async_commit();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
 // K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
@@ -567,21 +590,7 @@ __device__ __forceinline__ void grouped_gemm(
     if (group + 1 < GROUPS) scale_next = load_scales(group + 1);
   };
 
-  if constexpr (FOLLOWS) {
-    // the first stages' weights go out before the wait (the first commit group holds them all)
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s)
-      if (s < WARP_ITERS) issue_weights(s);
-    wait_for_previous_kernel();
-  }
-#pragma unroll
-  for (int s = 0; s < STAGES; ++s) {
-    if (s < WARP_ITERS) {
-      if constexpr (!FOLLOWS) issue_weights(s);
-      issue_rows(s);
-    }
-    cp_async_commit();
-  }
+  prime_ring<STAGES, FOLLOWS>(WARP_ITERS, issue_weights, issue_rows);
   cp_async_wait<STAGES - 1>();             // stage 0 has landed
   __syncwarp();
   Frags f0, f1;                            // trade roles every iteration, in registers
@@ -939,20 +948,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
     }
   };
 
-  if constexpr (FOLLOWS) {   // the first stages' weights before the wait (in the first group)
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s)
-      if (s < CTA_ITERS) issue_weights(s);
-    wait_for_previous_kernel();
-  }
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < CTA_ITERS) {
-      if constexpr (!FOLLOWS) issue_weights(s);
-      issue_rows(s);
-    }
-    cp_async_commit();
-  }
+  prime_ring<STAGES - 1, FOLLOWS>(CTA_ITERS, issue_weights, issue_rows);
   for (int i = 0; i < CTA_ITERS; ++i) {
     cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
     __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
@@ -1180,20 +1176,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     wgmma_commit();
   };
 
-  if constexpr (FOLLOWS) {   // the first stages' weights before the wait (in the first group)
-#pragma unroll
-    for (int s = 0; s < AHEAD; ++s)
-      if (s < CTA_ITERS) issue_weights(s);
-    wait_for_previous_kernel();
-  }
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s) {
-    if (s < CTA_ITERS) {
-      if constexpr (!FOLLOWS) issue_weights(s);
-      issue_rows(s);
-    }
-    cp_async_commit();
-  }
+  prime_ring<AHEAD, FOLLOWS>(CTA_ITERS, issue_weights, issue_rows);
   for (int i = 0; i < CTA_ITERS; ++i) {
     wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
