@@ -59,6 +59,14 @@ def assert_matches_reference(rng, layer, tokens):
         assert err <= 2e-3, f"T={t}: relative error {err:.2e}"
 
 
+def assert_two_runs_bitwise_equal(layer, x, logits, packed, what=""):
+    """Two calls on the same inputs, the output poisoned between them, give the same bits."""
+    a = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
+    layer.out.fill(POISON)
+    b = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
+    assert np.array_equal(a, b), f"{what}: two runs differ"
+
+
 def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
     """Capture one call in a CUDA graph, replay it with new inputs set into the captured
     buffers, each replay against the reference."""
@@ -193,10 +201,7 @@ def test_decode_wide_cta_split_over_k(rng, h, i, tile):
     packed = layer.pack(*host)
     x = cp.asarray(rng.standard_normal((64, h)).astype(np.float16))
     logits = cp.asarray(rng.standard_normal((64, m.num_experts)).astype(np.float32))
-    a = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
-    layer.out.fill(POISON)
-    b = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
-    assert np.array_equal(a, b), "two runs differ"
+    assert_two_runs_bitwise_equal(layer, x, logits, packed, "T=64")
     assert_graph_replays(rng, layer, host, packed, 60)
 
 
@@ -374,10 +379,7 @@ def test_bitwise_deterministic(rng):
     for t in (1, 64, 1024):
         x = cp.asarray(rng.standard_normal((t, 2048)).astype(np.float16))
         logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
-        a = cp.asnumpy(layer(x, logits, weights)).view(np.uint16)
-        layer.out.fill(POISON)
-        b = cp.asnumpy(layer(x, logits, weights)).view(np.uint16)
-        assert np.array_equal(a, b), f"T={t}: two runs differ"
+        assert_two_runs_bitwise_equal(layer, x, logits, weights, f"T={t}")
 
 
 def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng):
