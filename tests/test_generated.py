@@ -63,11 +63,10 @@ def test_launch_plan():
 def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
     """The launch plan marks the down GEMM's K-split kernels for programmatic dependent launch
     from PDL_MIN_TOKENS tokens, and from one in the single-token bucket (Mixtral's T = 1, whose
-    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true. So
-    does the down GEMM's wide CTA of a decode bucket (Mixtral's T = 53..64), whose gate/up
-    kernel passes RELEASES = true. Gate/up, the prefill wide CTAs and the other kernels of
-    buckets below PDL_MIN_TOKENS (Qwen3's T = 1..16 bucket holds calls from PDL_MIN_TOKENS up)
-    launch plainly."""
+    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true.
+    Gate/up, the wide CTAs (prefill, and Mixtral's decode bucket of T = 53..64) and the other
+    kernels of buckets below PDL_MIN_TOKENS (Qwen3's T = 1..16 bucket holds calls from
+    PDL_MIN_TOKENS up) launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
@@ -77,11 +76,10 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
         single = name == "mixtral-8x7b"
         assert (down["variants"][0]["max_tokens"] == 1) == single
         follows = {v["kernel"] for i, v in enumerate(down["variants"])
-                   if (v["col_tiles"] == 1 or v["ctas_per_sm"])
+                   if v["col_tiles"] == 1
                    and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
-        releases = {v["kernel"] for v in up["variants"] if v["ctas_per_sm"]}
-        assert {v["kernel"] for v in up["variants"] if v["releases"]} == releases
-        assert (len(releases) == 1) == single     # Mixtral's wide decode bucket
+        wide_decode = {v["kernel"] for v in down["variants"] if v["ctas_per_sm"]}
+        assert (len(wide_decode) == 1) == single     # Mixtral's wide decode bucket
         assert follows and all(v["follows_from"] is None for v in up["variants"])
         for i, v in enumerate(down["variants"]):
             want = 1 if single and i == 0 else PDL_MIN_TOKENS if v["kernel"] in follows else None
@@ -94,11 +92,11 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
-            if v["col_tiles"] > 1:      # the wide CTAs: ..., SPLIT, RELEASES, FOLLOWS> at decode
+            if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split
                 wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
-                want = [str(v["split"]), str(v["kernel"] in releases).lower(),
-                        str(v["kernel"] in follows).lower()]
-                assert [a.strip() for a in wide[13:]] == (want if v["ctas_per_sm"] else []), v
+                want = [str(v["split"])] if v["split"] > 1 else []
+                assert [a.strip() for a in wide[13:]] == want, v
+                assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue
             tail = [a.strip() for a in args.group(1).split(",")][15:]   # FOLLOWS, RELEASE_AFTER_LOOP
             assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]
@@ -210,8 +208,9 @@ def ptx_entries(ptx: str) -> dict[str, str]:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     """sm_90: every K-split GEMM releases the next kernel (griddepcontrol.launch_dependents); the
-    down GEMM's K-split kernels copy weights (the L2-hinted copies) before griddepcontrol.wait
-    and no activation rows (the plain copies) before it. sm_80 has neither instruction."""
+    down GEMM's K-split kernels copy weights (the L2-hinted copies; where they stage scales, the
+    .ca copies too) before griddepcontrol.wait and no activation rows (the plain .cg copies)
+    before it. sm_80 has neither instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
@@ -237,10 +236,10 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_the_wide_decode_cta_releases_and_follows(tmp_path):
-    """sm_90a, Mixtral: the gate/up wide CTA of the decode bucket releases the next kernel at its
-    start, the down one copies weights (plain copies) before griddepcontrol.wait and no
-    activation rows (the zero-fill copies) before it; the prefill wide CTAs have neither."""
+def test_the_wide_ctas_launch_plainly_and_stage_their_scales(tmp_path):
+    """sm_90a, Mixtral: the wide CTAs (prefill, and the decode bucket's) neither release nor
+    wait for another kernel; they copy their group scales into the ring (the .ca copies) and
+    load no 16-byte vectors from global memory themselves (where the scales came from before)."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["mixtral-8x7b.launch.json"])
@@ -251,18 +250,13 @@ def test_the_wide_decode_cta_releases_and_follows(tmp_path):
     assert proc.returncode == 0, proc.stderr
     entries = ptx_entries(ptx_path.read_text())
     up, down = plan["gemms"]
-    for v in up["variants"] + down["variants"]:
-        if v["col_tiles"] == 1:
-            continue
+    wide = [v for v in up["variants"] + down["variants"] if v["col_tiles"] > 1]
+    assert any(v["ctas_per_sm"] for v in wide) and not all(v["ctas_per_sm"] for v in wide)
+    for v in wide:
         body = entries[v["kernel"]]
-        decode = v["ctas_per_sm"] > 0
-        assert ("griddepcontrol.launch_dependents" in body) == (decode and v in up["variants"])
-        assert ("griddepcontrol.wait" in body) == (decode and v in down["variants"])
-        if "griddepcontrol.wait" in body:
-            before = body[:body.index("griddepcontrol.wait")]
-            assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16;", before)
-            assert not re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16, ",
-                                 before), v["kernel"]
+        assert "griddepcontrol" not in body, v["kernel"]
+        assert "cp.async.ca.shared.global" in body, v["kernel"]
+        assert "ld.global.nc.v4" not in body, v["kernel"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

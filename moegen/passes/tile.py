@@ -93,6 +93,7 @@ PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
+SCALE_BYTES = 128           # a 64-column tile's scales of one group, staged in a copy ring
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 # most k16 steps of K a CTA of a decode-bucket GEMM takes (measured on the H200): Mixtral's down
@@ -117,6 +118,7 @@ WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 ro
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
+
 WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1 or 2 of them
 # Decode calls whose average expert gets more than this many slots (most experts would spill
 # into a second 16-row block) take the wide CTA with block 32, split over K. Measured on the
@@ -261,9 +263,10 @@ def wide_col_tiles(ntiles: int, block: int, most: int) -> int:
 
 def wide_stages(block: int, col_tiles: int, most: int, block_k: int) -> int:
     """Ring stages of the wide CTA (one ring for the CTA, each stage holding block_k of its
-    weight tiles and rows): `most`, fewer where the ring would pass the static shared memory."""
+    weight tiles and rows, and where a scale group starts its scales): `most`, fewer where the
+    ring would pass the static shared memory."""
     ks = block_k // 16
-    stage = col_tiles * ks * 512 + block * (32 * ks + RING_ROW_PAD)
+    stage = col_tiles * (ks * 512 + SCALE_BYTES) + block * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // stage))
 
 
@@ -278,8 +281,8 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
-    warp, each stage holding a k16 step's weights, 512 B, and the block's rows padded to a
-    multiple of 8) would pass its static shared memory; from 4 up, rounded down to a power of
+    warp, each stage holding a k16 step's weights, 512 B, the block's rows padded to a
+    multiple of 8 and room for a group's scales) would pass its static shared memory; from 4 up, rounded down to a power of
     two (a ring of 3 keeps its third stage: not measured against 2). The K
     loop is unrolled over whole scale groups and, where the ring's turn is a multiple of them,
     whole turns of the ring, so that every ring offset is a constant: with 5, 6, 7 or 12 stages
@@ -288,7 +291,7 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     12; block 32 at T = 64: 426 us at 4 stages against 440 at 5). (Measured too: building the
     decode blocks for 8 CTAs per SM, 64 registers and 4 stages, was 10-30% slower.)"""
     ks = block_k // 16
-    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD)
+    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD) + SCALE_BYTES
     fits = max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
     return fits if fits < 4 else 1 << (fits.bit_length() - 1)
 

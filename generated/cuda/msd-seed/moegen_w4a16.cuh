@@ -398,10 +398,20 @@ __device__ __forceinline__ void grouped_gemm(
   static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
   constexpr int ROWS = NT * 8;
+  // Scales: a group's are the same for its G / 16 steps, so each lane holds its 8 (columns
+  // 8 j + lane / 4) for the current group in registers. STAGED_SCALES (packed scales, each
+  // warp's range whole groups): they come through the ring with the weights of the stage where
+  // their group starts and are read from there (as in the wide CTAs: copy_group_scales says
+  // why). Otherwise (DENSE: scales [K/G, NOUT] as given, rows of any alignment; or a range of
+  // part groups, which measured slower staged: Qwen3's down GEMM at T = 16, 1.5 groups a warp,
+  // 8%) each group's come from global memory while the one before runs.
+  constexpr bool STAGED_SCALES = !DENSE && WARP_STEPS % (G / 16) == 0;
   // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), then the block's rows,
-  // 32 KS bytes of k each, padded by 16 so fragment reads hit 32 distinct banks
+  // 32 KS bytes of k each, padded by 16 so fragment reads hit 32 distinct banks, then
+  // (STAGED_SCALES) where a scale group starts, the group's scales of the tile
   constexpr int W_BYTES = 512 * KS, A_ROW = 32 * KS + 16;
-  constexpr int STAGE_BYTES = W_BYTES + ROWS * A_ROW;
+  constexpr int S_OFFSET = W_BYTES + ROWS * A_ROW;
+  constexpr int STAGE_BYTES = S_OFFSET + (STAGED_SCALES ? 128 : 0);
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
@@ -469,13 +479,19 @@ __device__ __forceinline__ void grouped_gemm(
 
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   const WeightStream weights;
-  // copy the k16 steps of iteration i into its stage: the weights, then the block's rows
+  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8;   // (packed)
+  // copy the k16 steps of iteration i into its stage: the weights (and the scales of a group
+  // that starts there), then the block's rows
   auto issue_weights = [&](int i) {
     unsigned char* st = ring + (i % STAGES) * STAGE_BYTES;
     const int step = step0 + i * KS;
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
+    if constexpr (STAGED_SCALES) {
+      if (lane < 8 && step * 16 % G == 0)
+        cp_async_ca<16>(st + S_OFFSET + lane * 16, sp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
+    }
   };
   auto issue_rows = [&](int i) {
 #pragma unroll
@@ -491,13 +507,11 @@ __device__ __forceinline__ void grouped_gemm(
     issue_rows(i);
   };
 
-  // Scales stay out of the ring: a group's are the same for its G / 16 steps, so each lane
-  // holds its 8 (columns 8 j + lane / 4) for the current group in registers and loads the next
-  // group's while the current one runs.
-  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8 + lane / 4;
+  // the lane's scales of a group from global memory (not STAGED_SCALES); DENSE: zero past the
+  // last column
   auto load_scales = [&](int group) {
     uint4 v;
-    if constexpr (DENSE) {   // scales [K/G, NOUT] as given, zero past the last column
+    if constexpr (DENSE) {
       half* h = reinterpret_cast<half*>(&v);
       const half* row = reinterpret_cast<const half*>(scales) + (size_t)group * NOUT;
 #pragma unroll
@@ -506,13 +520,20 @@ __device__ __forceinline__ void grouped_gemm(
         h[j] = col < NOUT ? row[col] : __float2half_rn(0.0f);
       }
     } else {
-      v = __ldg(sp + (size_t)group * NTILES * 8);
+      v = __ldg(sp + (size_t)group * NTILES * 8 + lane / 4);
     }
     return v;
   };
+  auto staged_scales = [&](int i) {      // the scales in iteration i's stage (STAGED_SCALES)
+    return *reinterpret_cast<const uint4*>(ring + (i % STAGES) * STAGE_BYTES + S_OFFSET +
+                                           lane / 4 * 16);
+  };
   const int group0 = step0 * 16 / G;
-  uint4 scale_now = load_scales(group0);
-  uint4 scale_next = load_scales(group0 + 1 < GROUPS ? group0 + 1 : group0);
+  uint4 scale_now, scale_next;
+  if constexpr (!STAGED_SCALES) {
+    scale_now = load_scales(group0);
+    scale_next = load_scales(group0 + 1 < GROUPS ? group0 + 1 : group0);
+  }
 
   // One stage's operands in registers: the weight words and the block rows' B fragments. The
   // fragments of stage i + 1 are read from shared memory while stage i's are multiplied.
@@ -584,10 +605,15 @@ __device__ __forceinline__ void grouped_gemm(
       }
     }
   };
-  auto next_group = [&](int group) {       // group starts: its scales are already loaded
+  auto next_group = [&](int i) {           // a group starts at iteration i (its stage landed)
     end_group();
-    scale_now = scale_next;
-    if (group + 1 < GROUPS) scale_next = load_scales(group + 1);
+    if constexpr (STAGED_SCALES) {
+      scale_now = staged_scales(i);
+    } else {
+      const int group = (step0 + i * KS) * 16 / G;
+      scale_now = scale_next;
+      if (group + 1 < GROUPS) scale_next = load_scales(group + 1);
+    }
   };
 
   prime_ring<STAGES, FOLLOWS>(WARP_ITERS, issue_weights, issue_rows);
@@ -595,6 +621,7 @@ __device__ __forceinline__ void grouped_gemm(
   __syncwarp();
   Frags f0, f1;                            // trade roles every iteration, in registers
   load_frags(0, f0);
+  if constexpr (STAGED_SCALES) scale_now = staged_scales(0);
   constexpr int GROUP_ITERS = G / (16 * KS);                   // iterations per scale group
   constexpr int GROUP_UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
   // whole groups, and whole turns of the ring where one is a multiple of the other (the tile
@@ -606,9 +633,9 @@ __device__ __forceinline__ void grouped_gemm(
     for (int i0 = 0; i0 < WARP_ITERS; i0 += UNROLL) {
 #pragma unroll
       for (int u = 0; u < UNROLL; u += 2) {
-        if (u % GROUP_ITERS == 0 && (u > 0 || i0 > 0)) next_group((step0 + (i0 + u) * KS) * 16 / G);
+        if (u % GROUP_ITERS == 0 && (u > 0 || i0 > 0)) next_group(i0 + u);
         iteration(i0 + u, f0, f1);
-        if ((u + 1) % GROUP_ITERS == 0) next_group((step0 + (i0 + u + 1) * KS) * 16 / G);
+        if ((u + 1) % GROUP_ITERS == 0) next_group(i0 + u + 1);
         iteration(i0 + u + 1, f1, f0);
       }
     }
@@ -616,7 +643,7 @@ __device__ __forceinline__ void grouped_gemm(
     for (int i = 0; i < WARP_ITERS; i += 2) {
       for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {   // u: which of f0, f1 is current
         const int step = step0 + (i + u) * KS;
-        if (i + u > 0 && step * 16 % G == 0) next_group(step * 16 / G);
+        if (i + u > 0 && step * 16 % G == 0) next_group(i + u);
         if (u == 0) iteration(i, f0, f1);
         else iteration(i + 1, f1, f0);
       }
@@ -705,6 +732,17 @@ __device__ __forceinline__ void copy_weight_stage(unsigned char* st, const uint4
     cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
                                 c % (32 * COLT));
   }
+}
+
+// The wide CTAs' group scales ride in the copy ring: the stage of a scale group's first
+// iteration holds, after its weights and rows, that group's scales of the CTA's COLT column
+// tiles (tile c's uint4 j, columns 8 j' + j of it, at 16 (8 c + j)); a warp reads its lanes'
+// from there when the group starts. (Loaded into registers a group ahead instead, the register
+// copy ptxas placed right after the load held every warp for the load's whole latency once a
+// group: 16% of the stall samples of Mixtral's gate/up GEMM at T = 64.)
+template <int COLT>
+__device__ __forceinline__ void copy_group_scales(unsigned char* dst, const uint4* src) {
+  if (threadIdx.x < COLT * 8) cp_async_ca<16>(dst + 16 * threadIdx.x, src + threadIdx.x);
 }
 
 // The wide CTAs' accumulators, acc[column subtile t][n8 tile of rows][4], set to zero
@@ -833,7 +871,7 @@ __device__ __forceinline__ void wide_epilogue(
 // through shared memory so that each output row is written in 16-byte pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, bool RELEASES = false, bool FOLLOWS = false>
+          int SPLIT = 1>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -852,17 +890,16 @@ __device__ __forceinline__ void grouped_gemm_wide(
   static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
                 "K splits into whole scale groups");
   // a stage: weights [KS][COLT][32 lanes] x 16 B, then the block's rows, 32 KS bytes of k each,
-  // padded by 16 so that ldmatrix's eight row addresses hit distinct banks
+  // padded by 16 so that ldmatrix's eight row addresses hit distinct banks, then the group's
+  // scales where a group starts (copy_group_scales)
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
-  constexpr int STAGE_BYTES = W_BYTES + BLOCK * A_ROW;
+  constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW, STAGE_BYTES = S_OFFSET + COLT * 128;
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
-  // RELEASES / FOLLOWS (the wide decode bucket): as grouped_gemm's release_dependents and FOLLOWS
-  if constexpr (RELEASES) release_dependents();
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
   const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
@@ -887,10 +924,14 @@ __device__ __forceinline__ void grouped_gemm_wide(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  // copy iteration i's k16 steps into its stage: the weights, then the rows
+  const uint4* s_cta = scales + (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
+  // copy iteration i's k16 steps into its stage: the weights (and a group's scales), then the
+  // rows
   auto issue_weights = [&](int i) {
-    copy_weight_stage<COLT, KS, NTILES, THREADS>(smem + (i % STAGES) * STAGE_BYTES, w_cta,
-                                                 (it0 + i) * KS);
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, (it0 + i) * KS);
+    if (i % GROUP_ITERS == 0)
+      copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
   };
   auto issue_rows = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
@@ -908,9 +949,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
     issue_rows(i);
   };
 
-  // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + (((size_t)expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
-  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
+  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's
+  uint4 scale_now;
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
   float acc[4][NT][4];
@@ -948,17 +988,15 @@ __device__ __forceinline__ void grouped_gemm_wide(
     }
   };
 
-  prime_ring<STAGES - 1, FOLLOWS>(CTA_ITERS, issue_weights, issue_rows);
+  prime_ring<STAGES - 1, false>(CTA_ITERS, issue_weights, issue_rows);
   for (int i = 0; i < CTA_ITERS; ++i) {
     cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
     __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
     if (i + STAGES - 1 < CTA_ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
     cp_async_commit();
-    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group (of the CTA's groups, the g-th)
-      const int g = i / GROUP_ITERS;
-      scale_now = scale_next;
-      if (group0 + g + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(g + 1) * NTILES * 8);
-    }
+    if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
+      scale_now = *reinterpret_cast<const uint4*>(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET +
+                                                  (ct * 8 + lane / 4) * 16);
     multiply_stage(i);
   }
   cp_async_wait<0>();
@@ -1073,7 +1111,7 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 // output is the same computation in another summation order.
 template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
           int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, bool RELEASES = false, bool FOLLOWS = false>
+          int SPLIT = 1>
 __device__ __forceinline__ void grouped_gemm_wgmma(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -1092,14 +1130,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
                 "K splits into whole scale groups");
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
-  constexpr int STAGE_BYTES = W_BYTES + A_BYTES, RING_BYTES = STAGES * STAGE_BYTES;
+  constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
+  constexpr int STAGE_BYTES = S_OFFSET + COLT * 128, RING_BYTES = STAGES * STAGE_BYTES;
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
   constexpr int OUT_BYTES = COLT * BLOCK * (OUT_COLS + 8) * 2;
   constexpr int AHEAD = STAGES - 2;                // stages in flight ahead of the current one
   __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
-  // RELEASES / FOLLOWS (the wide decode bucket): as grouped_gemm's release_dependents and FOLLOWS
-  if constexpr (RELEASES) release_dependents();
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
   const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
@@ -1123,10 +1160,14 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  // copy iteration i's k16 steps into its stage: the weights, then the rows
+  const uint4* s_cta = scales + (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
+  // copy iteration i's k16 steps into its stage: the weights (and a group's scales), then the
+  // rows
   auto issue_weights = [&](int i) {
-    copy_weight_stage<COLT, KS, NTILES, THREADS>(smem + (i % STAGES) * STAGE_BYTES, w_cta,
-                                                 (it0 + i) * KS);
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, (it0 + i) * KS);
+    if (i % GROUP_ITERS == 0)
+      copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
   };
   auto issue_rows = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
@@ -1144,9 +1185,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     issue_rows(i);
   };
 
-  // the lane's scales: columns 8 j + lane / 4 of its tile, the next group's loaded ahead
-  const uint4* sp = scales + (((size_t)expert * GROUPS + group0) * NTILES + tile) * 8 + lane / 4;
-  uint4 scale_now = __ldg(sp), scale_next = __ldg(sp + (group0 + 1 < GROUPS ? NTILES * 8 : 0));
+  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's
+  uint4 scale_now;
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
@@ -1176,7 +1216,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     wgmma_commit();
   };
 
-  prime_ring<AHEAD, FOLLOWS>(CTA_ITERS, issue_weights, issue_rows);
+  prime_ring<AHEAD, false>(CTA_ITERS, issue_weights, issue_rows);
   for (int i = 0; i < CTA_ITERS; ++i) {
     wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
@@ -1184,12 +1224,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     __syncthreads();                       // everyone's; stage i - 2 is no longer read
     if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
-    if (i > 0 && i % GROUP_ITERS == 0) {   // a new scale group (of the CTA's groups, the g-th)
-      const int g = i / GROUP_ITERS;
-      scale_now = scale_next;
-      if (group0 + g + 1 < GROUPS) scale_next = __ldg(sp + (size_t)(g + 1) * NTILES * 8);
-    }
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
+      scale_now = *reinterpret_cast<const uint4*>(st + S_OFFSET + (warp * 8 + lane / 4) * 16);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]

@@ -90,9 +90,9 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
             # in the single-token bucket, whose gate/up releases it only after its K loop
-            # (launch.py)
-            # (and the wide CTA of a decode bucket, ctas > 0, whose gate/up releases it)
-            follows_from = (None if g.name != "down" or cols > 1 and not ctas else 1 if one_token
+            # (launch.py). The wide CTAs launch plainly, also in a decode bucket (measured at
+            # Mixtral T = 64 there: 320 us with PDL against 301 without; even at T = 56).
+            follows_from = (None if g.name != "down" or cols > 1 else 1 if one_token
                             else PDL_MIN_TOKENS if edge >= PDL_MIN_TOKENS else None)
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
@@ -108,8 +108,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
-                               "ctas_per_sm": ctas, "releases": g.name == "gate_up" and ctas > 0,
-                               "follows_from": follows_from,
+                               "ctas_per_sm": ctas, "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
                                "kernel": kernel})

@@ -155,8 +155,8 @@ class MoeW4A16:
     y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
 
     The result is a view of the layer's output buffer, valid until the next call; pass
-    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later the down GEMM's decode kernels
-    (the K-split CTA, and the wide CTA of a decode bucket) are launched with programmatic
+    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later the down GEMM's K-split
+    kernels (decode buckets, but not the wide CTA of one) are launched with programmatic
     dependent launch (moegen/targets/cuda/launch.py) where the launch plan says (`follows_from`:
     calls of PDL_MIN_TOKENS tokens or more, and the single-token bucket): they stream their
     first weight stages while the gate/up GEMM finishes.
