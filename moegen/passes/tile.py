@@ -39,8 +39,8 @@ MoE (`moe_w4a16`):
   T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
   (_wide_decode_split) and its registers capped for 4 CTAs an SM (``ctas_per_sm``): its cost
   is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
-  H200: Mixtral T = 64 317-320 against 357-373 us). Its down GEMM launches with programmatic
-  dependent launch from PDL_MIN_TOKENS, its first weight stages before the wait (0.6% faster).
+  H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
+  dependent launch 320 against 301 us at T = 64).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
   tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps
@@ -118,15 +118,15 @@ WIDE_BLOCKS = (32, 64)      # moe blocks the wide (prefill) CTA takes (1 or 2 ro
 WIDE_COL_TILES = 4          # 64-column tiles of a wide CTA (fewer where N has fewer)
 WIDE_TILE = {"block_k": 32, "stages": 4, "warp_rows": 32}
 WIDE_WARP_ROWS = (32, 64)   # rows a warp of the wide CTA multiplies
-
 WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1 or 2 of them
 # Decode calls whose average expert gets more than this many slots (most experts would spill
 # into a second 16-row block) take the wide CTA with block 32, split over K. Measured on the
-# H200, Mixtral, on two routing draws: at T = 56, 60 and 64 the wide CTA is 3-11% faster than
-# 16-row blocks (T = 64: 320 against 357 us); at T = 50 and 52 9% slower (318 against 290-294),
-# at T = 44 and 48 even: its cost is flat in T, the 16-row blocks' steps with each expert that
-# passes 16 slots. Its ring is the prefill one (WIDE_TILE: 4 stages; 309-310 us against 321-323
-# at 5 at T = 56 and 64), its registers capped for CTAS_PER_SM CTAs an SM.
+# H200, Mixtral, on two routing draws (group scales through the rings): at T = 56, 60 and 64 the
+# wide CTA is 3-19% faster than 16-row blocks (T = 64: 301 against 371 us); at T = 52 even
+# (299-301 against 298-301), at T = 40..48 slower (299 against 252-290): its cost is flat in
+# T, the 16-row blocks' steps with each expert that passes 16 slots. Its ring is the prefill
+# one (WIDE_TILE: 4 stages; 3 stages 11% slower, 5 or 6 within 1%), its registers capped for
+# CTAS_PER_SM CTAs an SM.
 WIDE_DECODE_SLOTS = 13
 
 
@@ -586,9 +586,9 @@ class TilePass(Pass):
         """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
         option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
         passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
-        H200, Mixtral T = 64, 5 stages: its down GEMM split 4 318.5 us for the layer, 8 326.5,
-        16 350.1, 2 376.7; gate/up, whose 896 tiles fill the SMs already, 2 was 4% slower than
-        1.)"""
+        H200, Mixtral T = 64, scales through the ring: its down GEMM split 4 301-302 us for the
+        layer, 8 306, 2 342; gate/up, whose 896 tiles fill the SMs already, 2 was 3% slower
+        than 1.)"""
         if fixed:
             return fixed
 
