@@ -1194,8 +1194,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   zero_acc(acc);
 
   unsigned frag[2][4][4];                // [step parity][subtile t]: A fragments
-  auto multiply_step = [&](const unsigned char* st, int sub, unsigned (&f)[4][4]) {
-    const uint4 wv = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
+  auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv,
+                           unsigned (&f)[4][4]) {
     const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
     const half2* sc = reinterpret_cast<const half2*>(&scale_now);
 #pragma unroll
@@ -1222,15 +1222,21 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
     fence_proxy_async();                   // ... where the tensor cores will read it
     __syncthreads();                       // everyone's; stage i - 2 is no longer read
+    // the warp's weight words of every step of the stage, read before the copies are issued
+    // so that the reads are in flight while they are
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    uint4 wv[KS];
+#pragma unroll
+    for (int sub = 0; sub < KS; ++sub)
+      wv[sub] = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
     if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
-    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
       scale_now = *reinterpret_cast<const uint4*>(st + S_OFFSET + (warp * 8 + lane / 4) * 16);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
-      multiply_step(st, sub, frag[sub % 2]);
+      multiply_step(st, sub, wv[sub], frag[sub % 2]);
     }
   }
   wgmma_wait<0>();
