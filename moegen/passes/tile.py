@@ -282,8 +282,9 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, the block's rows padded to a
-    multiple of 8 and room for a group's scales) would pass its static shared memory; from 4 up, rounded down to a power of
-    two (a ring of 3 keeps its third stage: not measured against 2). The K
+    multiple of 8 and room for a group's scales) would pass its static shared memory; from 4
+    up, rounded down to a power of two (a ring of 3 keeps its third stage: not measured
+    against 2). The K
     loop is unrolled over whole scale groups and, where the ring's turn is a multiple of them,
     whole turns of the ring, so that every ring offset is a constant: with 5, 6, 7 or 12 stages
     it is not (Mixtral's gate/up at T = 1: 55 SASS instructions a k16 step at 8 stages, 86 at 6,

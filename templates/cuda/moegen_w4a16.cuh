@@ -371,8 +371,8 @@ __device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Row
 // through its own ring of STAGES shared-memory stages filled by cp.async (weights and the
 // block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a warp keeps
 // several KB in flight without holding them in registers; the fragments of the next stage are
-// read while the current one is multiplied, and the group scales come from registers. Partial
-// sums meet in shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA
+// read while the current one is multiplied, and a group's scales are held in registers (they
+// come through the ring, or from global memory: STAGED_SCALES). Partial sums meet in shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA
 // of a tile adds them in split order: deterministic. DENSE: rows are the activation rows
 // themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
 // SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds

@@ -91,7 +91,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
             # in the single-token bucket, whose gate/up releases it only after its K loop
             # (launch.py). The wide CTAs launch plainly, also in a decode bucket (measured at
-            # Mixtral T = 64 there: 320 us with PDL against 301 without; even at T = 56).
+            # Mixtral T = 64 there: 320 us with PDL against 301 without; at T = 56 even).
             follows_from = (None if g.name != "down" or cols > 1 else 1 if one_token
                             else PDL_MIN_TOKENS if edge >= PDL_MIN_TOKENS else None)
             # named by what varies; k per stage and warps only where they are not the defaults;
