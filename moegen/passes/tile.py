@@ -93,7 +93,7 @@ PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
-SCALE_BYTES = 128           # a 64-column tile's scales of one group, staged in a copy ring
+SCALE_BYTES = 128           # a 64-column tile's scales of a group in a copy ring (SCALE_STAGE_BYTES)
 SM_COUNT = 132             # H100/H200
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 # most k16 steps of K a CTA of a decode-bucket GEMM takes (measured on the H200): Mixtral's down

@@ -365,6 +365,25 @@ __device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Row
   }
 }
 
+// Group scales in a copy ring: the stage of a scale group's first iteration holds, after its
+// weights and rows, that group's scales of TILES 64-column tiles (SCALE_STAGE_BYTES each; tile
+// c's uint4 j, columns 8 j' + j of it, at 16 (8 c + j): the packed layout, so one contiguous
+// copy); a warp reads its lanes' from there when the group starts. (Loaded into registers a
+// group ahead instead, the register copy ptxas placed right after the load held every warp for
+// the load's whole latency once a group: 16% of the stall samples of Mixtral's gate/up GEMM at
+// T = 64, 22% at T = 16.) The wide CTAs copy them with their threads 0 .. 8 TILES - 1, the
+// K-split CTA with the lanes 0 .. 7 of each warp.
+constexpr int SCALE_STAGE_BYTES = 128;
+template <int TILES>
+__device__ __forceinline__ void copy_group_scales(unsigned char* dst, const uint4* src) {
+  if (threadIdx.x < TILES * 8) cp_async_ca<16>(dst + 16 * threadIdx.x, src + threadIdx.x);
+}
+// the lane's scales (columns 8 j + lane / 4 of tile `tile`) among those staged at `staged`
+__device__ __forceinline__ uint4 staged_group_scales(const unsigned char* staged, int tile,
+                                                     int lane) {
+  return *reinterpret_cast<const uint4*>(staged + (tile * 8 + lane / 4) * 16);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
 // K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
@@ -372,8 +391,9 @@ __device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Row
 // block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a warp keeps
 // several KB in flight without holding them in registers; the fragments of the next stage are
 // read while the current one is multiplied, and a group's scales are held in registers (they
-// come through the ring, or from global memory: STAGED_SCALES). Partial sums meet in shared memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA
-// of a tile adds them in split order: deterministic. DENSE: rows are the activation rows
+// come through the ring, or from global memory: STAGED_SCALES). Partial sums meet in shared
+// memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them
+// in split order: deterministic. DENSE: rows are the activation rows
 // themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
 // SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds
 // every token's SUM_TOPK rows of that tile into sum_out, in k order (topk_sum_chunk).
@@ -411,7 +431,7 @@ __device__ __forceinline__ void grouped_gemm(
   // (STAGED_SCALES) where a scale group starts, the group's scales of the tile
   constexpr int W_BYTES = 512 * KS, A_ROW = 32 * KS + 16;
   constexpr int S_OFFSET = W_BYTES + ROWS * A_ROW;
-  constexpr int STAGE_BYTES = S_OFFSET + (STAGED_SCALES ? 128 : 0);
+  constexpr int STAGE_BYTES = S_OFFSET + (STAGED_SCALES ? SCALE_STAGE_BYTES : 0);
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
@@ -488,9 +508,10 @@ __device__ __forceinline__ void grouped_gemm(
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
-    if constexpr (STAGED_SCALES) {
+    if constexpr (STAGED_SCALES) {     // (the layout of copy_group_scales, one tile)
       if (lane < 8 && step * 16 % G == 0)
-        cp_async_ca<16>(st + S_OFFSET + lane * 16, sp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
+        cp_async_ca<16>(st + S_OFFSET + lane * 16,
+                        sp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
     }
   };
   auto issue_rows = [&](int i) {
@@ -525,8 +546,7 @@ __device__ __forceinline__ void grouped_gemm(
     return v;
   };
   auto staged_scales = [&](int i) {      // the scales in iteration i's stage (STAGED_SCALES)
-    return *reinterpret_cast<const uint4*>(ring + (i % STAGES) * STAGE_BYTES + S_OFFSET +
-                                           lane / 4 * 16);
+    return staged_group_scales(ring + (i % STAGES) * STAGE_BYTES + S_OFFSET, 0, lane);
   };
   const int group0 = step0 * 16 / G;
   uint4 scale_now, scale_next;
@@ -734,17 +754,6 @@ __device__ __forceinline__ void copy_weight_stage(unsigned char* st, const uint4
   }
 }
 
-// The wide CTAs' group scales ride in the copy ring: the stage of a scale group's first
-// iteration holds, after its weights and rows, that group's scales of the CTA's COLT column
-// tiles (tile c's uint4 j, columns 8 j' + j of it, at 16 (8 c + j)); a warp reads its lanes'
-// from there when the group starts. (Loaded into registers a group ahead instead, the register
-// copy ptxas placed right after the load held every warp for the load's whole latency once a
-// group: 16% of the stall samples of Mixtral's gate/up GEMM at T = 64.)
-template <int COLT>
-__device__ __forceinline__ void copy_group_scales(unsigned char* dst, const uint4* src) {
-  if (threadIdx.x < COLT * 8) cp_async_ca<16>(dst + 16 * threadIdx.x, src + threadIdx.x);
-}
-
 // The wide CTAs' accumulators, acc[column subtile t][n8 tile of rows][4], set to zero
 template <int NT>
 __device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
@@ -861,14 +870,15 @@ __device__ __forceinline__ void wide_epilogue(
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
 // 64-column tiles over the whole K (or, SPLIT > 1, one of SPLIT ranges of whole scale groups,
 // for decode-sized calls; the partial sums meet in split_k_gather); warp (c, h) multiplies
-// column tile c with block rows WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve the dequantization work per MMA
-// at twice the accumulator registers). The CTA's threads fill one ring of STAGES shared-memory
-// stages together, each stage KS k16 steps of the COLT weight tiles and the block's rows, so a
-// staged activation row serves COLT x 64 columns and a staged weight tile every row group (the
-// K-split CTA above stages both per warp: at prefill sizes its L2 traffic, not the tensor
-// cores, sets its pace). The rows' B fragments come from ldmatrix; the weights are scaled before
-// the MMA (a warp's rows leave no registers for per-group partial sums). The epilogue goes
-// through shared memory so that each output row is written in 16-byte pieces.
+// column tile c with block rows WARP_ROWS h .. WARP_ROWS (h + 1) - 1 (32 or 64 rows: 64 halve
+// the dequantization work per MMA at twice the accumulator registers). The CTA's threads fill
+// one ring of STAGES shared-memory stages together, each stage KS k16 steps of the COLT weight
+// tiles and the block's rows, so a staged activation row serves COLT x 64 columns and a staged
+// weight tile every row group (the K-split CTA above stages both per warp: at prefill sizes its
+// L2 traffic, not the tensor cores, sets its pace). The rows' B fragments come from ldmatrix;
+// the weights are scaled before the MMA (a warp's rows leave no registers for per-group partial
+// sums). The epilogue goes through shared memory so that each output row is written in 16-byte
+// pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
           int SPLIT = 1>
@@ -893,7 +903,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // padded by 16 so that ldmatrix's eight row addresses hit distinct banks, then the group's
   // scales where a group starts (copy_group_scales)
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
-  constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW, STAGE_BYTES = S_OFFSET + COLT * 128;
+  constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW;
+  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
@@ -995,8 +1006,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
     if (i + STAGES - 1 < CTA_ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
     cp_async_commit();
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
-      scale_now = *reinterpret_cast<const uint4*>(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET +
-                                                  (ct * 8 + lane / 4) * 16);
+      scale_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET, ct, lane);
     multiply_stage(i);
   }
   cp_async_wait<0>();
@@ -1131,7 +1141,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
                 "K splits into whole scale groups");
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
   constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
-  constexpr int STAGE_BYTES = S_OFFSET + COLT * 128, RING_BYTES = STAGES * STAGE_BYTES;
+  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
   constexpr int OUT_BYTES = COLT * BLOCK * (OUT_COLS + 8) * 2;
   constexpr int AHEAD = STAGES - 2;                // stages in flight ahead of the current one
@@ -1232,7 +1243,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
-      scale_now = *reinterpret_cast<const uint4*>(st + S_OFFSET + (warp * 8 + lane / 4) * 16);
+      scale_now = staged_group_scales(st + S_OFFSET, warp, lane);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
