@@ -92,9 +92,11 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
-            if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split
+            if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split,
+                # ..., SPLIT, PIN_ADDRESSES> in the decode bucket
                 wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
-                want = [str(v["split"])] if v["split"] > 1 else []
+                want = ([str(v["split"]), "true"] if v["ctas_per_sm"]
+                        else [str(v["split"])] if v["split"] > 1 else [])
                 assert [a.strip() for a in wide[13:]] == want, v
                 assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue
@@ -239,7 +241,9 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
 def test_the_wide_ctas_launch_plainly_and_stage_their_scales(tmp_path):
     """sm_90a, Mixtral: the wide CTAs (prefill, and the decode bucket's) neither release nor
     wait for another kernel; they copy their group scales into the ring (the .ca copies) and
-    load no 16-byte vectors from global memory themselves (where the scales came from before)."""
+    load no 16-byte vectors from global memory themselves (where the scales came from before).
+    The decode bucket's, capped at 128 registers, pin their copy addresses (shuffles); the
+    prefill ones do not."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["mixtral-8x7b.launch.json"])
@@ -257,6 +261,7 @@ def test_the_wide_ctas_launch_plainly_and_stage_their_scales(tmp_path):
         assert "griddepcontrol" not in body, v["kernel"]
         assert "cp.async.ca.shared.global" in body, v["kernel"]
         assert "ld.global.nc.v4" not in body, v["kernel"]
+        assert ("shfl.sync" in body) == bool(v["ctas_per_sm"]), v["kernel"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

@@ -319,7 +319,7 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg_o4(const half* a, const uint4* w, const ui
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
+  moegen::grouped_gemm_wgmma<32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false, 0, 1, true>(
 #else
   moegen::grouped_gemm_wide<32, 32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
 #endif
@@ -376,7 +376,7 @@ moe_gemm_down_b32_c4_r32_p4_k32_s4_wg_o4(const half* a, const uint4* w, const ui
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 4>(
+  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 4, true>(
 #else
   moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 4>(
 #endif
