@@ -186,15 +186,17 @@ def test_long_k_split_in_the_block16_bucket(rng):
 
 
 @pytest.mark.parametrize("h,i,tile", [(1024, 512, ""), (2048, 5120, ""),
-                                      (1024, 512, "wgmma=0")])
+                                      (1024, 512, "wgmma=0"), (2048, 1024, "wide-cols=8")])
 def test_decode_wide_cta_split_over_k(rng, h, i, tile):
     """Calls whose average expert passes 13 slots (8 experts, top-2: T = 53..64) take the wide
-    CTA of block 32 split over K (warpgroup MMA, or mma.sync with wgmma=0): against the
-    reference, bitwise the same on a second run, and replayed from a CUDA graph."""
+    CTA of block 32 split over K (warpgroup MMA, one or two warpgroups, or mma.sync with
+    wgmma=0): against the reference, bitwise the same on a second run, and replayed from a CUDA
+    graph."""
     layer = layer_for(moe_spec(h, i, 8, 2, tokens_max=64), pipeline=WIDE % tile)
     last = [g["variants"][-1] for g in layer.plan["gemms"]]
+    cols = 8 if "wide-cols=8" in tile else 4
     assert [(v["max_tokens"], v["block"], v["col_tiles"], v["ctas_per_sm"], v["wgmma"])
-            for v in last] == [(64, 32, 4, 4, tile == "")] * 2
+            for v in last] == [(64, 32, cols, 16 // cols, "wgmma=0" not in tile)] * 2
     assert max(v["split"] for v in last) > 1
     assert_matches_reference(rng, layer, (53, 57, 64))
     m = layer.spec.moe

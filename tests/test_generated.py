@@ -267,10 +267,11 @@ def test_the_wide_ctas_launch_plainly_and_stage_their_scales(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("tile", ["block-k=32", "block-k=32,warps=2", "moe-block=64,warp-rows=64",
-                                  "stages=6"])
+                                  "stages=6", "wide-cols=8"])
 def test_nvcc_compiles_the_swept_gemm_tiles(tmp_path, arch, tile):
     """The sweep's tiles (k per stage, warps; block 64 and 6 stages on the warpgroup MMA kernel
-    where sm_90a has it) for the largest example: builds, no spills, rings within 48 KB."""
+    where sm_90a has it; two warpgroups a CTA, whose decode bucket is capped for 2 CTAs an SM)
+    for the largest example: builds, no spills, rings within 48 KB."""
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda", f"fuse-align,fuse-swiglu,tile{{{tile}}},alloc")
     log = nvcc_build(write_emitted(files, "mixtral-8x7b", tmp_path), tmp_path, arch)

@@ -560,12 +560,16 @@ class TilePass(Pass):
             else:
                 cols = 1
             col_tiles.append(cols)
-            ctas_per_sm.append(CTAS_PER_SM if split_wide and cols > 1 else 0)
             rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
             warp_rows.append(rows)
             if cols == 1:
+                ctas_per_sm.append(0)
                 wgmma.append(False)
                 continue
+            # a decode bucket's wide CTA: registers capped for CTAS_PER_SM CTAs of the default
+            # 4 warps an SM (2 of 8 warps: capped for 4, wide-cols=8 spilled ~1 KB a thread)
+            ctas_per_sm.append(max(1, CTAS_PER_SM * GEMM_TILE["warps"] * rows // (cols * block))
+                               if split_wide else 0)
             bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
             if (k_dim // 16) % (bk // 16) or group % bk:
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "

@@ -1194,29 +1194,30 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // copy iteration i's k16 steps into its stage: the weights (and a group's scales), then the
   // rows
   auto issue_weights = [&](int i) {
-    const unsigned st = (i % STAGES) * STAGE_BYTES;
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     if constexpr (PIN_ADDRESSES) {
+      const unsigned st_dst = w_dst + (i % STAGES) * STAGE_BYTES;
       const uint4* src = w_thread + (size_t)i * KS * NTILES * 32;
 #pragma unroll
-      for (int q = 0; q < KS; ++q)
-        cp_async16_at(w_dst + st + q * THREADS * 16, src + q * NTILES * 32);
+      for (int q = 0; q < KS; ++q) cp_async16_at(st_dst + q * THREADS * 16, src + q * NTILES * 32);
     } else {
-      copy_weight_stage<COLT, KS, NTILES, THREADS>(smem + st, w_cta, (it0 + i) * KS);
+      copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, (it0 + i) * KS);
     }
     if (i % GROUP_ITERS == 0)
-      copy_group_scales<COLT>(smem + st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+      copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
   };
   auto issue_rows = [&](int i) {
-    const unsigned st = (i % STAGES) * STAGE_BYTES;
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = (it0 + i) * KS;
 #pragma unroll
     for (int q = 0; q < A_COPIES; ++q) {
       const int c = q * THREADS + threadIdx.x;
       if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
       if constexpr (PIN_ADDRESSES)
-        cp_async16_zfill_at(row_dst[q] + st, copy_row[q] + step * 16, copy_bytes[q]);
+        cp_async16_zfill_at(row_dst[q] + (i % STAGES) * STAGE_BYTES, copy_row[q] + step * 16,
+                            copy_bytes[q]);
       else
-        cp_async16_zfill(smem + st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
+        cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
                          copy_row[q] + step * 16, copy_bytes[q]);
     }
   };
@@ -1233,16 +1234,12 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   float acc[4][NT][4];
   zero_acc(acc);
 
-  // the B descriptor of the ring byte `offset` (PIN_ADDRESSES: the ring's own, its address
-  // field moved on)
-  const unsigned long long desc_ring = wgmma_desc(smem, BLOCK * 16, 128);
-  auto desc_at = [&](unsigned offset) {
-    if constexpr (PIN_ADDRESSES) return desc_ring + (offset >> 4);
-    else return wgmma_desc(smem + offset, BLOCK * 16, 128);
-  };
+  // PIN_ADDRESSES: the B descriptors are the ring's own with the address field moved on by a
+  // stage's offset in the ring
+  const unsigned long long desc_ring = PIN_ADDRESSES ? wgmma_desc(smem, BLOCK * 16, 128) : 0;
 
   unsigned frag[2][4][4];                // [step parity][subtile t]: A fragments
-  auto multiply_step = [&](unsigned st, int sub, const uint4& wv,
+  auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv,
                            unsigned (&f)[4][4]) {
     const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
     const half2* sc = reinterpret_cast<const half2*>(&scale_now);
@@ -1255,7 +1252,11 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       for (int r = 0; r < 4; ++r) f[t][r] = *reinterpret_cast<const unsigned*>(&h[r]);
     }
     // B: rows 0 .. BLOCK - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
-    const unsigned long long desc = desc_at(st + W_BYTES + sub * 2 * BLOCK * 16);
+    unsigned long long desc;
+    if constexpr (PIN_ADDRESSES)
+      desc = desc_ring + ((unsigned)(st - smem + W_BYTES + sub * 2 * BLOCK * 16) >> 4);
+    else
+      desc = wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < 4; ++t)
@@ -1269,25 +1270,21 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
     fence_proxy_async();                   // ... where the tensor cores will read it
     __syncthreads();                       // everyone's; stage i - 2 is no longer read
-    // the warp's weight words of the stage's first two steps, read before the copies are
-    // issued so that the reads are in flight while they are; each later step's words are read
-    // two steps ahead
-    const unsigned st = (i % STAGES) * STAGE_BYTES;   // the stage's offset in the ring
-    auto weight_words = [&](int sub) {
-      return *reinterpret_cast<const uint4*>(smem + st + (sub * COLT + warp) * 512 + lane * 16);
-    };
-    uint4 wv[2];
+    // the warp's weight words of every step of the stage, read before the copies are issued
+    // so that the reads are in flight while they are
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    uint4 wv[KS];
 #pragma unroll
-    for (int sub = 0; sub < 2; ++sub) wv[sub] = weight_words(sub);
+    for (int sub = 0; sub < KS; ++sub)
+      wv[sub] = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
     if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
-      scale_now = staged_group_scales(smem + st + S_OFFSET, warp, lane);
+      scale_now = staged_group_scales(st + S_OFFSET, warp, lane);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
-      multiply_step(st, sub, wv[sub % 2], frag[sub % 2]);
-      if (sub + 2 < KS) wv[sub % 2] = weight_words(sub + 2);
+      multiply_step(st, sub, wv[sub], frag[sub % 2]);
     }
   }
   wgmma_wait<0>();
