@@ -458,7 +458,8 @@ class _Entries:
 
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
-    the entry says, registers capped for 4 CTAs an SM; a split that cuts a scale group fails."""
+    the entry says, registers capped for 4 CTAs an SM (2 of two warpgroups); a split that cuts a
+    scale group fails."""
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     head = [[1, 8, 1, 8, 8, 16, 2], [16, 8, 1, 8, 4, 16, 4]]
     prefill = [8192, 32, 1, 4, 1, 32, 4, 4, 32, 1]
@@ -470,6 +471,13 @@ def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
         assert (tile["col_tiles"][2], tile["split_k"][2], tile["ctas_per_sm"][2],
                 tile["wgmma"][2], tile["stages"][2]) == (4, split, 4, True, 4)
         assert tile["ctas_per_sm"][3] == 0 and tile["split_k"][3] == 1
+    # two warpgroups a CTA (8 column tiles): capped for 2 CTAs an SM, the same 16 warps
+    module = lower(mixtral, "cuda", tuning=_Entries(
+        head + [[64, 32, 2, 4, 8, 32, 8, 8, 32, 1], prefill]))[0]
+    for op in module.function().ops:
+        if op.NAME == "moe.grouped_gemm_w4a16":
+            tile = op.attrs["tile"]
+            assert (tile["col_tiles"][2], tile["warps"][2], tile["ctas_per_sm"][2]) == (8, 8, 2)
     # down's K = 14336 has 112 scale groups: a split of 64 (896 k16 steps, whole for 1 warp of
     # 16 k a stage) would leave CTAs parts of groups
     with pytest.raises(PipelineError, match="whole groups of 128"):
