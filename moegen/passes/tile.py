@@ -37,7 +37,8 @@ MoE (`moe_w4a16`):
   divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
   Where an average expert gets more than WIDE_DECODE_SLOTS (13) slots in decode calls (Mixtral
   T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
-  (_wide_decode_split) and its registers capped for 4 CTAs an SM (``ctas_per_sm``): its cost
+  (_wide_decode_split) and its registers capped for 16 warps an SM (``ctas_per_sm``: 4 CTAs of
+  one warpgroup, 2 of two), which pins its copy addresses in registers: its cost
   is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
   H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
   dependent launch 320 against 301 us at T = 64).
@@ -125,8 +126,8 @@ WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1
 # wide CTA is 3-19% faster than 16-row blocks (T = 64: 301 against 371 us); at T = 52 even
 # (299-301 against 298-301), at T = 40..48 slower (299 against 252-290): its cost is flat in
 # T, the 16-row blocks' steps with each expert that passes 16 slots. Its ring is the prefill
-# one (WIDE_TILE: 4 stages; 3 stages 11% slower, 5 or 6 within 1%), its registers capped for
-# CTAS_PER_SM CTAs an SM.
+# one (WIDE_TILE: 4 stages; 3 stages 11% slower, 5 or 6 within 1%; 3 stages of 64 k 3% slower),
+# its registers capped for CTAS_PER_SM CTAs of 4 warps an SM.
 WIDE_DECODE_SLOTS = 13
 
 
