@@ -567,15 +567,16 @@ class TilePass(Pass):
                 ctas_per_sm.append(0)
                 wgmma.append(False)
                 continue
-            # a decode bucket's wide CTA: registers capped for CTAS_PER_SM CTAs of the default
-            # 4 warps an SM (2 of 8 warps: capped for 4, wide-cols=8 spilled ~1 KB a thread)
-            ctas_per_sm.append(max(1, CTAS_PER_SM * GEMM_TILE["warps"] * rows // (cols * block))
-                               if split_wide else 0)
             bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
             if (k_dim // 16) % (bk // 16) or group % bk:
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                     f"{group}, is not a whole number of {bk}-deep stages")
             block_k[i], warps[i] = bk, cols * block // rows
+            # a decode bucket's wide CTA: registers capped for the warps of CTAS_PER_SM CTAs of
+            # the default 4 an SM (2 CTAs of 8 warps: capped for 4, wide-cols=8 spilled ~1 KB a
+            # thread)
+            ctas_per_sm.append(max(1, CTAS_PER_SM * GEMM_TILE["warps"] // warps[i])
+                               if split_wide else 0)
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
             # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was

@@ -87,9 +87,13 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// the copy to a shared address already computed
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
+  cp_async16_at(smem_addr(dst), src);
 }
 
 // The value, pinned in a register for the rest of the kernel. To save registers ptxas recomputes
@@ -102,11 +106,6 @@ template <typename T>
 __device__ __forceinline__ const T* pinned(const T* p) {
   const unsigned long long v = reinterpret_cast<unsigned long long>(p);
   return reinterpret_cast<const T*>(__shfl_xor_sync(0xffffffffu, v, 0));
-}
-
-// copies to a shared address already computed
-__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 // the zero-fill copy to a shared address already computed
