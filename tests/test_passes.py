@@ -456,6 +456,24 @@ class _Entries:
         return {"buckets": self.buckets}
 
 
+def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
+    """The decode bucket's wide CTA (Mixtral T = 53..64) is split over K for as many CTAs an SM
+    as its registers are capped for: 4 of one warpgroup, 2 of two (wide-cols=8), so the down
+    GEMM's 64 CTAs of two warpgroups split 4 ways (256 CTAs on 132 SMs), not 8."""
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    for tile_opts, cols, ctas, down_split in (("", 4, 4, 4), ("wide-cols=8", 8, 2, 4)):
+        module = lower(mixtral, "cuda", f"fuse-align,fuse-swiglu,tile{{{tile_opts}}},alloc")[0]
+        up, down = [op.attrs["tile"] for op in module.function().ops
+                    if op.NAME == "moe.grouped_gemm_w4a16"]
+        for tile, n in ((up, 14336 * 2), (down, 4096)):
+            assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (cols, ctas)
+            grid = 8 * n // 64 // cols             # CTAs per K range, every expert routed
+            split = tile["split_k"][3]
+            # doubled while the CTAs fit, or 1 where one split fills the SMs already
+            assert grid * split <= max(grid, ctas * 132) < grid * split * 2
+        assert down["split_k"][3] == down_split
+
+
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
     the entry says, registers capped for 4 CTAs an SM (2 of two warpgroups); a split that cuts a

@@ -251,6 +251,13 @@ def wide_epilogue_fits(col_tiles: int, block: int) -> bool:
     return col_tiles * block * (64 + 8) * 2 <= SHARED_PER_CTA
 
 
+def wide_decode_ctas(warps: int) -> int:
+    """CTAs an SM that a decode bucket's wide CTA of `warps` warps is split for and its registers
+    capped for: 16 warps an SM, as CTAS_PER_SM K-split CTAs of 4 warps (4 CTAs of one warpgroup,
+    2 of two)."""
+    return max(1, CTAS_PER_SM * GEMM_TILE["warps"] // warps)
+
+
 def wide_col_tiles(ntiles: int, block: int, most: int) -> int:
     """64-column tiles per CTA of the wide GEMM: `most` (halved until it divides the weight's
     tiles and its epilogue fits); 1 (the K-split CTA) for blocks it does not take."""
@@ -537,6 +544,7 @@ class TilePass(Pass):
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
             cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
+            rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
             # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
             # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
             split_wide = cols > 1 and (
@@ -552,7 +560,7 @@ class TilePass(Pass):
                     splits[i] = self._wide_decode_split(
                         spec, k_dim, min(spec.moe.num_experts,
                                          bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
-                        // cols, split)
+                        // cols, split, wide_decode_ctas(cols * block // rows))
                 if (k_dim // group) % splits[i]:
                     raise PipelineError(f"split-k {splits[i]}: the wide CTA splits K = {k_dim} "
                                         f"into whole groups of {group}")
@@ -561,8 +569,7 @@ class TilePass(Pass):
             else:
                 cols = 1
             col_tiles.append(cols)
-            rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"])) if cols > 1 else 0
-            warp_rows.append(rows)
+            warp_rows.append(rows if cols > 1 else 0)
             if cols == 1:
                 ctas_per_sm.append(0)
                 wgmma.append(False)
@@ -572,11 +579,9 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                     f"{group}, is not a whole number of {bk}-deep stages")
             block_k[i], warps[i] = bk, cols * block // rows
-            # a decode bucket's wide CTA: registers capped for the warps of CTAS_PER_SM CTAs of
-            # the default 4 an SM (2 CTAs of 8 warps: capped for 4, wide-cols=8 spilled ~1 KB a
-            # thread)
-            ctas_per_sm.append(max(1, CTAS_PER_SM * GEMM_TILE["warps"] // warps[i])
-                               if split_wide else 0)
+            # a decode bucket's wide CTA: registers capped for the CTAs an SM its split was sized
+            # for (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
+            ctas_per_sm.append(wide_decode_ctas(warps[i]) if split_wide else 0)
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
             # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
@@ -589,9 +594,9 @@ class TilePass(Pass):
                 "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm}
 
     @staticmethod
-    def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None) -> int:
+    def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:
         """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
-        option's, else doubled up to about CTAS_PER_SM CTAs an SM, then while a CTA's share of K
+        option's, else doubled up to about `ctas` CTAs an SM (wide_decode_ctas), then while a CTA's share of K
         passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
         H200, Mixtral T = 64, scales through the ring: its down GEMM split 4 301-302 us for the
         layer, 8 306, 2 342; gate/up, whose 896 tiles fill the SMs already, 2 was 3% slower
@@ -601,7 +606,7 @@ class TilePass(Pass):
 
         def allowed(split: int) -> bool:
             return (k_dim // spec.quant.group_size) % split == 0
-        split = doubled_split(tiles, CTAS_PER_SM, allowed)
+        split = doubled_split(tiles, ctas, allowed)
         while k_dim // 16 // split > DECODE_CTA_STEPS and allowed(split * 2):
             split *= 2
         return split
