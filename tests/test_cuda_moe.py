@@ -178,7 +178,7 @@ def test_k_loop_unrolled_over_whole_ring_turns(rng, g, tile):
 
 def test_long_k_split_in_the_block16_bucket(rng):
     """A down GEMM whose K (5120: 320 k16 steps) passes DECODE_CTA_STEPS splits in the T <= 52
-    bucket although its calls have a tile for every SM (launched with PDL from T = 4)."""
+    bucket although its calls have a tile for every SM (launched with PDL)."""
     layer = layer_for(moe_spec(2048, 5120, 8, 2, tokens_max=64))
     down = layer.plan["gemms"][1]["variants"]
     assert [(v["max_tokens"], v["block"], v["split"]) for v in down][-2] == (52, 16, 2)
@@ -386,27 +386,32 @@ def test_bitwise_deterministic(rng):
         assert_two_runs_bitwise_equal(layer, x, logits, weights, f"T={t}")
 
 
-def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng):
+@pytest.mark.parametrize("h,i,e,k,tokens", [(1024, 512, 8, 2, (1, 2, 3, 4, 16, 33, 64)),
+                                             (2048, 768, 128, 8, (1, 2, 3))])
+def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng, h, i, e, k, tokens):
     """On sm_90 the down GEMM's K-split kernel follows gate/up with programmatic dependent launch
-    (where the plan's follows_from says): the output is the plain launches' bit for bit, and the
-    reference's, in the single-token bucket (gate/up releasing the down GEMM after its K loop)
-    and the 8-row and 16-row decode buckets (Mixtral's shape of experts and top-k); the wide
-    decode bucket (T = 64) launches plainly either way."""
-    spec = moe_spec(1024, 512, 8, 2)
+    (where the plan's follows_from says: from one token): the output is the plain launches' bit
+    for bit, and the reference's. Mixtral's shape of experts and top-k: the single-token bucket
+    (gate/up releasing the down GEMM after its K loop), the 8-row and 16-row decode buckets; the
+    wide decode bucket (T = 64) launches plainly either way. Qwen3's: T = 1..3 in its first
+    decode bucket (gate/up releasing it at its start)."""
+    spec = moe_spec(h, i, e, k)
     pdl, plain = layer_for(spec), layer_for(spec, pdl=False)
     if not pdl.pdl:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     up, down = pdl.gemms
-    assert not plain.pdl and up["variants"][0]["release_after_loop"]
-    assert [v.get("follows_from") for v in down["variants"][:3]] == [1, 4, 4]
-    assert down["variants"][3]["ctas_per_sm"] and down["variants"][3]["follows_from"] is None
-    host_w = moe_weights(rng, 8, 1024, 512, 128)
+    single = e == 8
+    assert not plain.pdl and up["variants"][0]["release_after_loop"] == single
+    assert [v.get("follows_from") for v in down["variants"][:3]] == [1, 1, 1]
+    if single:
+        assert down["variants"][3]["ctas_per_sm"] and down["variants"][3]["follows_from"] is None
+    host_w = moe_weights(rng, e, h, i, 128)
     packed = pdl.pack(*host_w)
-    for t in (1, 4, 16, 33, 64):
+    for t in tokens:
         y, want = run_case(rng, pdl, t, weights=(host_w, packed))
         assert rel_err(y, want) <= 2e-3, f"T={t}"
-        x = cp.asarray(rng.standard_normal((t, 1024)).astype(np.float16))
-        logits = cp.asarray(rng.standard_normal((t, 8)).astype(np.float32))
+        x = cp.asarray(rng.standard_normal((t, h)).astype(np.float16))
+        logits = cp.asarray(rng.standard_normal((t, e)).astype(np.float32))
         outs = []
         for layer in (pdl, plain, pdl):
             layer.out.fill(POISON)

@@ -62,11 +62,10 @@ def test_launch_plan():
 
 def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
     """The launch plan marks the down GEMM's K-split kernels for programmatic dependent launch
-    from PDL_MIN_TOKENS tokens, and from one in the single-token bucket (Mixtral's T = 1, whose
-    gate/up kernel alone releases it after its K loop); their source passes FOLLOWS = true.
-    Gate/up, the wide CTAs (prefill, and Mixtral's decode bucket of T = 53..64) and the other
-    kernels of buckets below PDL_MIN_TOKENS (Qwen3's T = 1..16 bucket holds calls from
-    PDL_MIN_TOKENS up) launch plainly."""
+    from PDL_MIN_TOKENS tokens (one), and from one in the single-token bucket (Mixtral's T = 1,
+    whose gate/up kernel alone releases it after its K loop); their source passes FOLLOWS =
+    true. Gate/up, the wide CTAs (prefill, and Mixtral's decode bucket of T = 53..64) and the
+    kernels of buckets below PDL_MIN_TOKENS, where a rule puts any, launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")

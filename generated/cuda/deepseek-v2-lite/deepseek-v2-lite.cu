@@ -307,7 +307,7 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4
 }
 
 // down: K = 1408, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
-// (launched with programmatic dependent launch on sm_90 from T = 4: its first weight stages stream while gate/up finishes)
+// (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

@@ -350,7 +350,7 @@ moe_gemm_down_b8_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, co
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 8, split-K 4, 8 ring stages of 16 k, 4 warps
-// (launched with programmatic dependent launch on sm_90 from T = 4: its first weight stages stream while gate/up finishes)
+// (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
@@ -360,7 +360,7 @@ moe_gemm_down_b8_s4_p8(const half* a, const uint4* w, const uint4* scales, const
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 16, split-K 4, 8 ring stages of 16 k, 4 warps
-// (launched with programmatic dependent launch on sm_90 from T = 4: its first weight stages stream while gate/up finishes)
+// (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b16_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,

@@ -314,7 +314,7 @@ moe_gemm_down_b4_s4_p8_w2(const half* a, const uint4* w, const uint4* scales, co
 }
 
 // down: K = 128, 4 tiles of 64 columns, block 4, split-K 2, 8 ring stages of 16 k, 4 warps
-// (launched with programmatic dependent launch on sm_90 from T = 4: its first weight stages stream while gate/up finishes)
+// (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b4_s2_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
