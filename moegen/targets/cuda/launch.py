@@ -21,14 +21,14 @@ import numpy as np
 PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
 
 # The fewest tokens a call must have for its down GEMM to follow gate/up with PDL. Measured on
-# the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch" and "PDL from one
-# token"): faster from T = 4 on the three example models (2-4% at T = 4..32); since the group
-# scales came through the copy ring (2d28bc0) also at T = 1 and 3 (Qwen3 and DeepSeek T = 1 5%
-# faster), even at T = 2 except on DeepSeek-V2-Lite (7% slower there), with gate/up releasing
-# it at its start. A bucket whose largest call is below it compiles its down GEMM without the
-# PDL prologue and is launched plainly. The single-token bucket (Mixtral's T = 1) differs in
-# where gate/up releases the down GEMM: only after its K loop (measured: Mixtral T = 1 70.6 us
-# against 72.4 plain and 77 with the release at the start).
+# the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch" and "The down GEMM
+# under PDL from one token"), with gate/up releasing it at its start: faster from T = 4 on the
+# three example models (2-4% at T = 4..32); at the kernels of ae911e4 also at T = 1 and 3
+# (Qwen3 and DeepSeek T = 1 5% faster) and at T = 2, except on DeepSeek-V2-Lite (7% slower).
+# (At 7751a55 it had been slower at T = 1.) A bucket whose largest call is below it compiles
+# its down GEMM without the PDL prologue and is launched plainly. The single-token bucket
+# (Mixtral's T = 1) differs in where gate/up releases the down GEMM: only after its K loop
+# (measured: Mixtral T = 1 70.6 us against 72.4 plain and 77 with the release at the start).
 PDL_MIN_TOKENS = 1
 
 
