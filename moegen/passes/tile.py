@@ -556,11 +556,14 @@ class TilePass(Pass):
                     raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
                                         f"block {block} does not fit {ntiles} tiles")
                 cols = wide_col_tiles(ntiles, block, cols)
+                # its registers are capped for this many CTAs an SM, and its split sized for them
+                # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
+                ctas = wide_decode_ctas(cols * block // rows)
                 if not wide and cols > 1:
                     splits[i] = self._wide_decode_split(
                         spec, k_dim, min(spec.moe.num_experts,
                                          bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
-                        // cols, split, wide_decode_ctas(cols * block // rows))
+                        // cols, split, ctas)
                 if (k_dim // group) % splits[i]:
                     raise PipelineError(f"split-k {splits[i]}: the wide CTA splits K = {k_dim} "
                                         f"into whole groups of {group}")
@@ -579,9 +582,7 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                     f"{group}, is not a whole number of {bk}-deep stages")
             block_k[i], warps[i] = bk, cols * block // rows
-            # a decode bucket's wide CTA: registers capped for the CTAs an SM its split was sized
-            # for (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
-            ctas_per_sm.append(wide_decode_ctas(warps[i]) if split_wide else 0)
+            ctas_per_sm.append(ctas if split_wide else 0)
             stages[i] = wide_stages(block, cols, self.option("stages") or (
                 b[3] if wide else WIDE_TILE["stages"]), bk)
             # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
