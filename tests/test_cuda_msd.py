@@ -81,6 +81,18 @@ def test_tile_variants(rng, pipeline):
     check_msd(rng, spec_for(16, 4096, 4096, 2), pipeline)
 
 
+@pytest.mark.parametrize("m,pipeline", [(2, "tile{vec-warps=4},schedule,alloc"),
+                                        (3, "tile{vec-warps=8},schedule,alloc"),
+                                        (1, "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc")])
+def test_merging_warps_apart_from_the_unfolding_ones(rng, m, pipeline):
+    """Rows on at most half the vector warps: the other half merges (M = 1 by default), here
+    with idle warps between them (M = 3 on 8) and 8 merge columns a warp."""
+    op = moegen.cuda.MsdMatmul(spec_for(m, 1000, 1024, 3), pipeline=pipeline)
+    assert "constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS" in op.program.source
+    check_msd(rng, spec_for(m, 1000, 1024, 3), pipeline)
+    check_msd(rng, spec_for(m, 4096, 4096, 2), pipeline)
+
+
 def test_odd_n(rng):
     """Odd N: the scale rows are 2-byte aligned, copied with plain loads; tail columns."""
     check_msd(rng, spec_for(3, 1001, 1024, 3))

@@ -7,7 +7,7 @@
 // One CTA per 128 output columns and 8 of the 64 groups of K; the 8 CTAs along K add
 // their partial sums in a fixed order. The warps play the units of the schedule pass: warps
 // 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
-// r % 2; merge: int32 Y -> fp32 accumulators, 64 columns per warp), warps 2 .. 3 the
+// r % 2; merge: int32 Y -> fp32 accumulators, 128 columns per warp on warp 1), warps 2 .. 3 the
 // matrix unit (64 columns per warp; mma.sync m16n8k32 s8 x s8, the weights widened in registers as the A operand -> s32).
 // One CTA unfolds each group of A once for all its columns: more columns per CTA, less
 // unfolding in all.
@@ -56,9 +56,14 @@ constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows f
 // the scale ring of a vector warp: one slot more than the activation ring, since merge reads a
 // group's scales one step after unfold has read its rows (preload)
 constexpr int SCALE_STAGES = X_STAGES + 1;
-// merge: a vector warp's columns; lane l takes columns l % LANE_COLS + 32 j and rows
-// l / LANE_COLS + ROW_STRIDE q
-constexpr int COLS_PER_WARP = BLOCK_N / VEC_WARPS;
+// merge: where the rows take at most half the vector warps (2 M <= VEC_WARPS), the other half
+// merges and a step of the unfolding warps is their unfold alone (at M = 1 the one unfolding
+// warp's step was the CTA's); otherwise every vector warp merges. Merging warp m (vector warp
+// MERGE_FIRST + m) takes columns m * COLS_PER_WARP + ..., its lane l columns l % LANE_COLS + 32 j
+// and rows l / LANE_COLS + ROW_STRIDE q
+constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS ? VEC_WARPS / 2 : 0;
+constexpr int MERGE_WARPS = VEC_WARPS - MERGE_FIRST;
+constexpr int COLS_PER_WARP = BLOCK_N / MERGE_WARPS;
 constexpr int LANE_COLS = COLS_PER_WARP < 32 ? COLS_PER_WARP : 32;
 static_assert(32 % LANE_COLS == 0 && COLS_PER_WARP % LANE_COLS == 0, "merge columns tile the lanes");
 constexpr int COLS_PER_LANE = COLS_PER_WARP / LANE_COLS;
@@ -94,7 +99,7 @@ struct Shared {
   float* amax;                // [slots][M]
   uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
-  half* sring;                // [VEC_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
+  half* sring;                // [MERGE_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
 };
 
 // the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
@@ -112,30 +117,34 @@ __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
 // (stages and loads count groups from this CTA's first, blockIdx.y * STEPS)
 
 // vector warp `unit`: its rows' activations of group g into x stage g % X_STAGES (this lane's PER
-// values of each row, which only this lane reads back) and the scales of its merge columns into
-// scale stage g % SCALE_STAGES (read back by other lanes: unfold meets the warp after the wait)
+// values of each row, which only this lane reads back) and, in a merging warp, the scales of its
+// merge columns into scale stage g % SCALE_STAGES (read back by other lanes: unfold meets the
+// warp after the wait)
 __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict__ x,
                                        const half* __restrict__ scale, int unit, int g) {
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
-  half* scales = sh.sring + (unit * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
+  const int m = unit - MERGE_FIRST;             // merging warp m, if m >= 0
+  half* scales = sh.sring + (m * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
   __syncwarp();                                 // every lane has read what this stage held
   if (g < STEPS) {
     const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
     for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j)
       moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
-    const int col0 = blockIdx.x * BLOCK_N + unit * COLS_PER_WARP;
-    const half* row = scale + (size_t)(blockIdx.y * STEPS + g) * N;
-    if constexpr (N % 2 == 0) {
-      // column pairs, 4 bytes each (N even: a pair lies wholly inside or past the row)
-      for (int i = lane; i < COLS_PER_WARP / 2; i += 32) {
-        const int col = col0 + 2 * i;
-        moegen::cp_async_ca_zfill<4>(scales + 2 * i, row + (col < N ? col : 0), col < N ? 4u : 0u);
+    if (m >= 0) {                               // a merging warp: its columns' scales
+      const int col0 = blockIdx.x * BLOCK_N + m * COLS_PER_WARP;
+      const half* row = scale + (size_t)(blockIdx.y * STEPS + g) * N;
+      if constexpr (N % 2 == 0) {
+        // column pairs, 4 bytes each (N even: a pair lies wholly inside or past the row)
+        for (int i = lane; i < COLS_PER_WARP / 2; i += 32) {
+          const int col = col0 + 2 * i;
+          moegen::cp_async_ca_zfill<4>(scales + 2 * i, row + (col < N ? col : 0), col < N ? 4u : 0u);
+        }
+      } else {
+        // odd N leaves the rows 2-byte aligned only, below cp.async's smallest copy: plain loads
+        for (int i = lane; i < COLS_PER_WARP; i += 32)
+          scales[i] = col0 + i < N ? row[col0 + i] : __float2half(0.0f);
       }
-    } else {
-      // odd N leaves the rows 2-byte aligned only, below cp.async's smallest copy: plain loads
-      for (int i = lane; i < COLS_PER_WARP; i += 32)
-        scales[i] = col0 + i < N ? row[col0 + i] : __float2half(0.0f);
     }
   }
   moegen::cp_async_commit();
@@ -277,21 +286,24 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
   multiply_rows_as_b(sh, b, au, cw, y_slot);
 }
 
-// the merge column of this lane's j-th column slot in its warp's share of the CTA's columns
-__device__ __forceinline__ int merge_col(int unit, int j) {
-  return unit * COLS_PER_WARP + (threadIdx.x & 31) % LANE_COLS + j * LANE_COLS;
+// the merge column of this lane's j-th column slot in merging warp m's share of the CTA's columns
+__device__ __forceinline__ int merge_col(int m, int j) {
+  return m * COLS_PER_WARP + (threadIdx.x & 31) % LANE_COLS + j * LANE_COLS;
 }
 
-// acc += (sum_i Y_i / (16 d_i)) * A_max * scale for this vector warp's columns (Y_i = 16 x the
-// slice's sums; INV_DIVISORS[i] = 1 / (16 d_i)), the scales of group g from the warp's scale ring
+// acc += (sum_i Y_i / (16 d_i)) * A_max * scale for this vector warp's columns, if it merges
+// (Y_i = 16 x the slice's sums; INV_DIVISORS[i] = 1 / (16 d_i)), the scales of group g from the
+// warp's scale ring
 __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int amax_slot, int y_slot,
                                       float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
-  const half* scales = sh.sring + (unit * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
+  const int m = unit - MERGE_FIRST;
+  if (m < 0) return;
+  const half* scales = sh.sring + (m * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
 #pragma unroll
   for (int j = 0; j < COLS_PER_LANE; ++j) {
-    const int c = merge_col(unit, j);
-    const float s = __half2float(scales[c - unit * COLS_PER_WARP]);
+    const int c = merge_col(m, j);
+    const float s = __half2float(scales[c - m * COLS_PER_WARP]);
 #pragma unroll
     for (int q = 0; q < ROWS_PER_LANE; ++q) {
       const int r = lane / LANE_COLS + q * ROW_STRIDE;
@@ -307,36 +319,41 @@ __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int ama
   }
 }
 
-// y = acc (fp16). With SPLIT > 1 each CTA leaves its fp32 sums in `partials`; the last CTA of a
-// column block (per-block counter, reset by that CTA) adds them in split order: deterministic.
+// y = acc (fp16) of the merging warps. With SPLIT > 1 each CTA leaves its fp32 sums in
+// `partials`; the last CTA of a column block (per-block counter, reset by that CTA) adds them in
+// split order: deterministic.
 __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restrict__ partials,
                                           int* __restrict__ counters, int unit,
                                           const float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
+  const int m = unit - MERGE_FIRST;
   if constexpr (SPLIT == 1) {
+    if (m < 0) return;
 #pragma unroll
     for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
       for (int q = 0; q < ROWS_PER_LANE; ++q) {
-        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
+        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
         if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[j][q]);
       }
   } else {
     __shared__ int last;
+    if (m >= 0) {
 #pragma unroll
-    for (int j = 0; j < COLS_PER_LANE; ++j)
+      for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
-      for (int q = 0; q < ROWS_PER_LANE; ++q) {
-        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
-        if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[j][q];
-      }
+        for (int q = 0; q < ROWS_PER_LANE; ++q) {
+          const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
+          if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[j][q];
+        }
+    }
     // the vector warps only: the matrix warps are done
-    if (!moegen::last_to_arrive<VEC_THREADS>(&counters[blockIdx.x], SPLIT, last)) return;
+    if (!moegen::last_to_arrive<VEC_THREADS>(&counters[blockIdx.x], SPLIT, last) || m < 0) return;
 #pragma unroll
     for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
       for (int q = 0; q < ROWS_PER_LANE; ++q) {
-        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(unit, j);
+        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
         if (r < M && col < N) {
           float sum = 0.0f;
           for (int sp = 0; sp < SPLIT; ++sp) sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
@@ -362,7 +379,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
   sh.xring = reinterpret_cast<half*>(sh.wring + CUBE_WARPS * W_STAGES * (W_STAGE_WORDS / 2));
   sh.sring = sh.xring + VEC_WARPS * X_STAGES * X_STAGE_HALVES;
-  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
+  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   // rows past S * M of the last m16 tile are never written: they stay zero
@@ -432,7 +449,7 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
   sh.xring = reinterpret_cast<half*>(sh.wring + CUBE_WARPS * W_STAGES * (W_STAGE_WORDS / 2));
   sh.sring = sh.xring + VEC_WARPS * X_STAGES * X_STAGE_HALVES;
-  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + VEC_WARPS * SCALE_STAGES * COLS_PER_WARP);
+  sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   // rows past S * M of the last m16 tile are never written: they stay zero
