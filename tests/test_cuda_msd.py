@@ -118,6 +118,46 @@ def test_s4_and_s8_mma_agree_bitwise(rng, m):
     assert np.array_equal(ys[0], ys[1])
 
 
+DIVISION = r"""
+#include "moegen_w4a16.cuh"
+// CTA b: divisor values[b + 1] (values[0] is +0); its threads stride over every dividend
+extern "C" __global__ void division_mismatches(const unsigned short* values, int n,
+                                               unsigned long long* bad, unsigned* example) {
+  const float b = __half2float(__ushort_as_half(values[blockIdx.x + 1]));
+  const float inv = __frcp_rn(b);
+  unsigned long long count = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float a = __half2float(__ushort_as_half(values[i]));
+    const float want = a / b, got = moegen::div_rn_by(a, b, inv);
+    if (__float_as_uint(want) != __float_as_uint(got) && !(want == 0.0f && got == 0.0f)) {
+      ++count;
+      *example = (unsigned)values[i] << 16 | values[blockIdx.x + 1];
+    }
+  }
+  atomicAdd(bad, count);
+}
+"""
+
+
+def test_unfold_division_is_div_rn_for_every_pair_of_fp16_values():
+    """unfold divides by A_max with div_rn_by (one reciprocal a row): the same float32 as a / b
+    (div.rn) for every finite fp16 dividend and non-zero divisor, zeros of either sign equal."""
+    from moegen.resources import data_dir
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = bits[np.isfinite(bits.view(np.float16))]
+    nonzero = finite[finite.view(np.float16) != 0]
+    values = cp.asarray(np.concatenate([np.zeros(1, np.uint16), nonzero, np.array([0x8000], np.uint16)]))
+    kernel = cp.RawKernel(DIVISION, "division_mismatches",
+                          options=("--std=c++17", f"-I{data_dir('templates') / 'cuda'}"))
+    bad, example = cp.zeros(1, cp.uint64), cp.zeros(1, cp.uint32)
+    kernel((len(nonzero),), (256,), (values, np.int32(len(values)), bad, example))
+    assert len(values) == len(finite) == 63488
+    e = int(example[0])
+    assert int(bad[0]) == 0, (f"{int(bad[0])} quotients differ from div.rn, e.g. "
+                              f"{np.uint16(e >> 16).view(np.float16)} / "
+                              f"{np.uint16(e & 0xFFFF).view(np.float16)}")
+
+
 DEQUANT = [(1, 12288, 8192, 128), (2, 1000, 1024, 128), (5, 11008, 4096, 64), (16, 4096, 4096, 128),
            (64, 1000, 1024, 128)]
 

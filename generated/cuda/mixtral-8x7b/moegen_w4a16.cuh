@@ -271,6 +271,18 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// a / b rounded to nearest (div.rn's result) from inv = __frcp_rn(b), the correctly rounded
+// reciprocal: q = RN(a inv) is within an ulp of a / b, the FMA gives the remainder a - b q
+// exactly, and RN(q + remainder inv) is RN(a / b) (Markstein's theorem, which holds while nothing
+// overflows or underflows: true for fp16 values a and b, b != 0), except that a zero quotient
+// may come out +0 where div.rn gives -0. Three instructions a quotient where div.rn takes about a
+// dozen, with one reciprocal shared by the quotients of a divisor. tests/test_cuda_msd.py checks
+// it against a / b for every pair of finite fp16 values.
+__device__ __forceinline__ float div_rn_by(float a, float b, float inv) {
+  const float q = __fmul_rn(a, inv);
+  return __fmaf_rn(__fmaf_rn(-q, b, a), inv, q);
+}
+
 // The largest of the warp's values, all >= 0 (not NaN): such floats order as their bit patterns,
 // so one integer max reduction finds it (redux.sync, sm_80+), bit for bit warp_max's result.
 __device__ __forceinline__ float warp_max_nonnegative(float v) {
