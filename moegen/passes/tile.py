@@ -66,7 +66,8 @@ dbL0C = 1. At M=1, N=12288, K=8192 on 24 cores: 3, 16, 128, 512, 512, 2, 2, 1 as
 MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, vec_warps,
 cube_warps, split_k}``: the warp layout by M (measured at the seed shape, M = 1, 4, 16): 2 vector
 warps for M <= 2, 4 for M <= 4, else 8 (each unfolds rows r = its index mod vec_warps and merges
-its share of the columns); 128 output columns per CTA over 2 matrix warps up to M = 4, else 256
+its share of the columns; where the rows take at most half of them, only the other half merges);
+128 output columns per CTA over 2 matrix warps up to M = 4, else 256
 over 4 (8 n8 tiles a matrix warp); columns and matrix warps halved while the kernel would need
 more than 227 KB of shared memory, at 64 columns first the weight ring cut to 2 stages (M = 64
 with 3 slices: 64 columns, 1 matrix warp, 2 stages: 1.8x faster than 32 columns with 4);
