@@ -81,14 +81,15 @@ def test_tile_variants(rng, pipeline):
     check_msd(rng, spec_for(16, 4096, 4096, 2), pipeline)
 
 
-@pytest.mark.parametrize("m,pipeline", [(2, "tile{vec-warps=4},schedule,alloc"),
-                                        (3, "tile{vec-warps=8},schedule,alloc"),
-                                        (1, "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc")])
-def test_merging_warps_apart_from_the_unfolding_ones(rng, m, pipeline):
+@pytest.mark.parametrize("m,pipeline,merging", [(2, "tile{vec-warps=4},schedule,alloc", "warps 2 .. 3"),
+                                                (3, "tile{vec-warps=8},schedule,alloc", "warps 4 .. 7"),
+                                                (1, "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc",
+                                                 "warps 4 .. 7")])
+def test_merging_warps_apart_from_the_unfolding_ones(rng, m, pipeline, merging):
     """Rows on at most half the vector warps: the other half merges (M = 1 by default), here
-    with idle warps between them (M = 3 on 8) and 8 merge columns a warp."""
+    with idle warps between them (M = 3 on 8) and 16 merge columns a warp (M = 1 on 8)."""
     op = moegen.cuda.MsdMatmul(spec_for(m, 1000, 1024, 3), pipeline=pipeline)
-    assert "constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS" in op.program.source
+    assert f"columns per warp on {merging})" in op.program.source
     check_msd(rng, spec_for(m, 1000, 1024, 3), pipeline)
     check_msd(rng, spec_for(m, 4096, 4096, 2), pipeline)
 

@@ -195,3 +195,21 @@ def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     with pytest.raises(PipelineError, match=r"tile\{block-n=64\}: .* would need \d+ bytes of "
                                             r"shared memory \(at most 232448\)"):
         emit(big, "cuda", "tile{block-n=64,stages=4},schedule,alloc")
+
+
+@pytest.mark.parametrize("m,pipeline,merging", [
+    (1, None, "128 columns per warp on warp 1"),
+    (2, None, "64 columns per warp)"),
+    (5, None, "32 columns per warp)"),
+    (2, "tile{vec-warps=4},schedule,alloc", "64 columns per warp on warps 2 .. 3"),
+    (3, "tile{vec-warps=8},schedule,alloc", "32 columns per warp on warps 4 .. 7"),
+    (1, "tile{block-n=64,vec-warps=8,cube-warps=8},schedule,alloc", "16 columns per warp on warps 4 .. 7")])
+def test_merging_warps_are_the_other_half_where_rows_take_at_most_half(m, pipeline, merging):
+    """Where the rows take at most half the vector warps (2 M <= vec_warps), the other half
+    merges all the columns (the kernel's header says which warps); otherwise every vector warp
+    merges its share."""
+    spec = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=m))
+    source = emit(spec, "cuda", pipeline)[f"{spec.name}.cu"] if pipeline else \
+        emit(spec, "cuda")[f"{spec.name}.cu"]
+    assert f"merge: int32 Y -> fp32 accumulators, {merging}" in source
+    assert "constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS ? VEC_WARPS / 2 : 0;" in source
