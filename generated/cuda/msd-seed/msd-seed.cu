@@ -125,13 +125,13 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
   const int m = unit - MERGE_FIRST;             // merging warp m, if m >= 0
-  half* scales = sh.sring + (m * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
   __syncwarp();                                 // every lane has read what this stage held
   if (g < STEPS) {
     const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
     for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j)
       moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
     if (m >= 0) {                               // a merging warp: its columns' scales
+      half* scales = sh.sring + (m * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
       const int col0 = blockIdx.x * BLOCK_N + m * COLS_PER_WARP;
       const half* row = scale + (size_t)(blockIdx.y * STEPS + g) * N;
       if constexpr (N % 2 == 0) {
