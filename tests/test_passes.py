@@ -501,3 +501,16 @@ def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     with pytest.raises(PipelineError, match="whole groups of 128"):
         lower(mixtral, "cuda", tuning=_Entries(head + [[64, 32, 1, 4, 64, 16, 1, 4, 32, 1],
                                                        prefill]))
+
+
+def test_ring_sizes_follow_the_kernels_stage_layout():
+    """The tile pass sizes the GEMM rings (gemm_stages, wide_stages) with the stage layout of
+    templates/cuda/moegen_w4a16.cuh: a group's staged scales (SCALE_STAGE_BYTES) and the 16 bytes
+    after each staged activation row. A change to either side alone would size shared memory
+    for another kernel."""
+    from moegen.passes.tile import RING_ROW_PAD, SCALE_BYTES
+    from moegen.resources import data_dir
+    header = (data_dir("templates") / "cuda" / "moegen_w4a16.cuh").read_text()
+    assert int(re.search(r"constexpr int SCALE_STAGE_BYTES = (\d+);", header).group(1)) == SCALE_BYTES
+    pads = re.findall(r"A_ROW = 32 \* KS \+ (\d+);", header)
+    assert len(pads) == 2 and {int(p) for p in pads} == {RING_ROW_PAD}

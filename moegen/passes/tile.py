@@ -599,10 +599,10 @@ class TilePass(Pass):
     def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:
         """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
         option's, else doubled up to about `ctas` CTAs an SM (wide_decode_ctas), then while a
-        CTA's share of K passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups. (Measured on the
-        H200, Mixtral T = 64, scales through the ring: its down GEMM split 4 301-302 us for the
-        layer, 8 306, 2 342; gate/up, whose 896 tiles fill the SMs already, 2 was 3% slower
-        than 1.)"""
+        CTA's share of K passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups.
+        (Measured on the H200, Mixtral T = 64, scales through the ring: its down GEMM split 4
+        301-302 us for the layer, 8 306, 2 342; gate/up, whose 896 tiles fill the SMs already,
+        2 was 3% slower than 1.)"""
         if fixed:
             return fixed
 
