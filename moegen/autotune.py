@@ -374,8 +374,9 @@ def default_config(spec: Spec, tokens: int) -> MoeConfig:
     i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
     tile = up.attrs["tile"]
     cols = tile["col_tiles"][i]
-    return MoeConfig(up.attrs["block_buckets"][i][1], tile["split_k"][i], tile["stages"][i],
-                     down.attrs["tile"]["split_k"][i], tile["block_k"][i],
+    # (a split the device may double per call counts as the bucket's own: split_many)
+    return MoeConfig(up.attrs["block_buckets"][i][1], tile["split_many"][i], tile["stages"][i],
+                     down.attrs["tile"]["split_many"][i], tile["block_k"][i],
                      GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols,
                      tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows,
                      int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma)

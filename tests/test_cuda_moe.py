@@ -67,9 +67,9 @@ def assert_two_runs_bitwise_equal(layer, x, logits, packed, what=""):
     assert np.array_equal(a, b), f"{what}: two runs differ"
 
 
-def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
-    """Capture one call in a CUDA graph, replay it with new inputs set into the captured
-    buffers, each replay against the reference."""
+def captured_call(rng, layer, packed, t):
+    """One call on random inputs captured in a CUDA graph: (x, logits, y, graph, stream); a
+    replay reads what is set into x and logits and writes y."""
     m = layer.spec.moe
     x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
     logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
@@ -80,9 +80,19 @@ def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
         stream.begin_capture()
         y = layer(x, logits, packed)
         graph = stream.end_capture()
-    for _ in range(replays):
+    return x, logits, y, graph, stream
+
+
+def assert_graph_replays(rng, layer, host_w, packed, t, pushes=(0.0, 0.0, 0.0)):
+    """Capture one call in a CUDA graph, replay it with new inputs set into the captured
+    buffers, each replay against the reference. A replay's push is added to the logits of
+    experts 0 .. top_k - 1 (a large one routes every token to them)."""
+    m = layer.spec.moe
+    x, logits, y, graph, stream = captured_call(rng, layer, packed, t)
+    for push in pushes:
         xn = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
         ln = rng.standard_normal((t, m.num_experts)).astype(np.float32)
+        ln[:, :m.top_k] += push
         with stream:
             x.set(xn)
             logits.set(ln)
@@ -90,8 +100,10 @@ def assert_graph_replays(rng, layer, host_w, packed, t, replays=3):
         graph.launch(stream)
         stream.synchronize()
         ids, w = R.topk_softmax(ln, m.top_k, m.renormalize)
+        if push >= 20:
+            assert np.array_equal(np.unique(ids), np.arange(m.top_k))
         want = R.moe_w4a16(xn, ids, w, *host_w, group_size=layer.spec.quant.group_size)
-        assert rel_err(cp.asnumpy(y), want) <= 2e-3
+        assert rel_err(cp.asnumpy(y), want) <= 2e-3, f"replay with logits pushed by {push}"
 
 
 def test_seed_worked_example(rng):
@@ -209,6 +221,52 @@ def test_decode_wide_cta_split_over_k(rng, h, i, tile):
 
 
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
+
+
+def pick_experts(rng, t, experts):
+    """Routing of t tokens, top-2, over the first `experts` experts only (token j: experts
+    j % experts and (j + 1) % experts), random weights that sum to 1."""
+    ids = np.stack([np.arange(t) % experts, (np.arange(t) + 1) % experts], 1).astype(np.int32)
+    w = rng.random((t, 2)).astype(np.float32) + 0.1
+    return ids, w / w.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("tile", ["", "wgmma=0"])
+def test_decode_wide_split_chosen_per_call(rng, tile):
+    """The wide decode bucket's down GEMM (H = 4096: 16 CTA column tiles) runs its own split, 4,
+    where the routing picks every expert, and twice that where it picks few (its moe blocks
+    then fill fewer than fill_ctas CTAs split 4: call_split): both against the reference, each
+    bitwise the same on a second run, and a CUDA graph captured on one routing replayed on the
+    other."""
+    h, i, t = 4096, 2048, 64
+    layer = layer_for(moe_spec(h, i, 8, 2, tokens_max=64), pipeline=WIDE % tile)
+    v = layer.plan["gemms"][1]["variants"][-1]
+    assert (v["max_tokens"], v["col_tiles"], v["split_many"], v["split"]) == (64, 4, 4, 8)
+    host = moe_weights(rng, 8, h, i, 128)
+    packed = layer.pack(*host)
+    m = layer.spec.moe
+    for experts in (2, 3, 8):
+        x = rng.standard_normal((t, h)).astype(np.float16)
+        if experts == 8:
+            ids, w = R.topk_softmax(rng.standard_normal((t, 8)).astype(np.float32), 2,
+                                    m.renormalize)
+        else:
+            ids, w = pick_experts(rng, t, experts)
+        counts = np.bincount(ids.ravel(), minlength=8)
+        blocks = int(np.sum(-(-counts // 32)))
+        assert (blocks * 16 * 4 < v["fill_ctas"]) == (experts < 8)   # the split it takes
+        args = (cp.asarray(x), packed)
+        kw = {"topk_ids": cp.asarray(ids), "topk_weights": cp.asarray(w)}
+        layer.out.fill(POISON)
+        got = cp.asnumpy(layer(*args, **kw))
+        want = R.moe_w4a16(x, ids, w, *host, group_size=128)
+        assert rel_err(got, want) <= 2e-3, f"{experts} experts"
+        layer.out.fill(POISON)
+        again = cp.asnumpy(layer(*args, **kw))
+        assert np.array_equal(got.view(np.uint16), again.view(np.uint16)), f"{experts} experts"
+    # a graph captured with every expert routed, replayed with the router's picks pushed onto
+    # experts 0 and 1 (4 blocks): the device takes the other split inside the same graph
+    assert_graph_replays(rng, layer, host, packed, t, pushes=(0.0, 20.0, 0.0))
 
 
 @pytest.mark.parametrize("h,i,e,k,tile,wgmma", [

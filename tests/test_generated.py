@@ -92,10 +92,13 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
             if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split,
-                # ..., SPLIT, PIN_ADDRESSES> in the decode bucket
+                # ..., SPLIT, PIN_ADDRESSES> in the decode bucket, then SPLIT_MANY, FILL_CTAS
+                # where the device picks the split per call
                 wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
                 want = ([str(v["split"]), "true"] if v["ctas_per_sm"]
                         else [str(v["split"])] if v["split"] > 1 else [])
+                if v["split_many"] != v["split"]:
+                    want += [str(v["split_many"]), str(v["fill_ctas"])]
                 assert [a.strip() for a in wide[13:]] == want, v
                 assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue

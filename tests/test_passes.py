@@ -218,7 +218,7 @@ def test_tile_options_override_defaults():
     assert ("tile = {block_n = 64, block_k = [16, 16, 16, 16], warps = [2, 2, 2, 2], "
             "stages = [3, 3, 3, 3], split_k = [4, 4, 1, 1], col_tiles = [1, 1, 1, 1], "
             "warp_rows = [0, 0, 0, 0], wgmma = [false, false, false, false], "
-            "ctas_per_sm = [0, 0, 0, 0]}") in text
+            "ctas_per_sm = [0, 0, 0, 0], split_many = [4, 4, 1, 1]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -328,10 +328,12 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
     # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole.
     # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
-    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways
+    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways,
+    # its grid split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split)
     assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [8192, 32]]
-    assert gemms[0].attrs["tile"]["split_k"] == [1, 1, 1, 1, 1]
-    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 4, 1]
+    assert gemms[0].attrs["tile"]["split_k"] == gemms[0].attrs["tile"]["split_many"] == [1] * 5
+    assert gemms[1].attrs["tile"]["split_many"] == [8, 4, 4, 4, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 8, 1]
     assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4]
     for op in gemms:
         tile = op.attrs["tile"]
@@ -468,10 +470,12 @@ def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
         for tile, n in ((up, 14336 * 2), (down, 4096)):
             assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (cols, ctas)
             grid = 8 * n // 64 // cols             # CTAs per K range, every expert routed
-            split = tile["split_k"][3]
-            # doubled while the CTAs fit, or 1 where one split fills the SMs already
+            split = tile["split_many"][3]
+            # doubled while the CTAs fit, or 1 where one split fills the SMs already; a split
+            # above 1 doubled again in the grid, for calls of fewer blocks (call_split)
             assert grid * split <= max(grid, ctas * 132) < grid * split * 2
-        assert down["split_k"][3] == down_split
+            assert tile["split_k"][3] == (2 * split if split > 1 else 1)
+        assert down["split_many"][3] == down_split
 
 
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():

@@ -41,7 +41,10 @@ MoE (`moe_w4a16`):
   one warpgroup, 2 of two), which pins its copy addresses in registers: its cost
   is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
   H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
-  dependent launch 320 against 301 us at T = 64).
+  dependent launch 320 against 301 us at T = 64). Where that split is above 1 (Mixtral's down
+  GEMM, 4), the grid has it doubled (``split_k``) and the kernel picks per call: the bucket's
+  own (``split_many``), or the doubled one where the call's moe blocks leave the CTAs at
+  ``split_many`` short of WIDE_SPLIT_FILL of those the SMs hold (routing to few experts).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's
   tiles, ``warp_rows`` (32, or 64 with ``warp-rows=64``; 0 in other buckets) rows a warp, warps
@@ -130,6 +133,13 @@ WGMMA_TILE = {"col_tiles": (4, 8), "wgmma": 1}   # 4 column tiles a warpgroup, 1
 # one (WIDE_TILE: 4 stages; 3 stages 11% slower, 5 or 6 within 1%; 3 stages of 64 k 3% slower),
 # its registers capped for CTAS_PER_SM CTAs of 4 warps an SM.
 WIDE_DECODE_SLOTS = 13
+# A decode bucket's wide CTA split over K (Mixtral's down GEMM at T = 53..64, split 4) doubles its
+# split on the device in calls whose moe blocks would leave its grid short of this share of the
+# CTAs the SMs hold (routing to fewer experts: fewer blocks). Measured on the H200, Mixtral T = 64
+# routed to 2..7 of its 8 experts: split 8 against 4 at 4 blocks 185 against 222 us, 5: 246 / 260,
+# 6: 251 / 264, 7 (448 CTAs split 4, 0.85 of 528): 260 / 264; at 8 blocks (512 CTAs) 293 / 288.
+# Its gate/up GEMM (split 1) gained nothing split 2 at 4 blocks (190 against 185 us).
+WIDE_SPLIT_FILL = 0.9
 
 
 def align_up(x: int, a: int) -> int:
@@ -540,7 +550,7 @@ class TilePass(Pass):
         ntiles = -(-n // GEMM_TILE["block_n"])
         fixed = self.option("moe-block")
         group = spec.quant.group_size
-        col_tiles, warp_rows, wgmma, ctas_per_sm = [], [], [], []
+        col_tiles, warp_rows, wgmma, ctas_per_sm, split_many = [], [], [], [], list(splits)
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
@@ -568,6 +578,12 @@ class TilePass(Pass):
                 if (k_dim // group) % splits[i]:
                     raise PipelineError(f"split-k {splits[i]}: the wide CTA splits K = {k_dim} "
                                         f"into whole groups of {group}")
+                # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
+                # the grid has the doubled split, and calls with enough blocks use half of it
+                split_many[i] = splits[i]
+                if not wide and not split and splits[i] > 1 and (k_dim // group) % (
+                        2 * splits[i]) == 0:
+                    splits[i] *= 2
             elif edge > DECODE_MAX_TOKENS and splits[i] == 1:
                 cols = wide_col_tiles(ntiles, block, cols)
             else:
@@ -593,7 +609,8 @@ class TilePass(Pass):
             wgmma.append(wg and fits)
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
                 "stages": stages, "split_k": splits, "col_tiles": col_tiles,
-                "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm}
+                "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm,
+                "split_many": split_many}
 
     @staticmethod
     def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:

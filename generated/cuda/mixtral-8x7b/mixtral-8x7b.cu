@@ -369,16 +369,16 @@ moe_gemm_down_b16_s4_p8(const half* a, const uint4* w, const uint4* scales, cons
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
-// down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA of 4 column tiles, split-K 4, 4 ring stages of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on mma.sync
+// down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA of 4 column tiles, split-K 4 or, where a call's blocks fill fewer than 475 CTAs so, 8, 4 ring stages of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on mma.sync
 // (registers capped for 4 CTAs an SM: decode-sized calls stream weights, and more CTAs keep more in flight; on warpgroup MMA its copy addresses are pinned in registers)
 extern "C" __global__ void __launch_bounds__(128, 4)
-moe_gemm_down_b32_c4_r32_p4_k32_s4_wg_o4(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 4, true>(
+  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 8, true, 4, 475>(
 #else
-  moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 4>(
+  moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 8, 4, 475>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
       nullptr, nullptr, partials, counters);

@@ -784,11 +784,12 @@ __device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
 // Split-K of the wide CTAs (SPLIT > 1, decode-sized calls): the CTAs of one tile, one per K
 // range, leave their fp32 sums in `partials`, thread by thread in 16-byte pieces; the last to
 // arrive adds them up in split order (so the result does not depend on which one that is) into
-// v and returns true, the others return false.
+// v and returns true, the others return false. `splits`: the K ranges of this call (SPLIT,
+// or fewer where call_split chose so).
 template <int SPLIT, int THREADS, int N>
 __device__ __forceinline__ bool split_k_gather(float (&v)[N], float* __restrict__ partials,
                                                int* __restrict__ counters, int tile_id, int split,
-                                               int& flag) {
+                                               int& flag, int splits = SPLIT) {
   static_assert(N % 4 == 0, "whole 16-byte pieces");
   constexpr int PIECES = N / 4;
   float4* base = reinterpret_cast<float4*>(partials) + (size_t)tile_id * SPLIT * PIECES * THREADS +
@@ -797,13 +798,15 @@ __device__ __forceinline__ bool split_k_gather(float (&v)[N], float* __restrict_
 #pragma unroll
   for (int j = 0; j < PIECES; ++j)
     mine[j * THREADS] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-  if (!last_to_arrive(&counters[tile_id], SPLIT, flag)) return false;
+  if (!last_to_arrive(&counters[tile_id], splits, flag)) return false;
 #pragma unroll
   for (int j = 0; j < PIECES; ++j) {
     float4 sum = __ldcg(base + j * THREADS);
 #pragma unroll
     for (int s = 1; s < SPLIT; ++s) {
-      const float4 p = __ldcg(base + ((size_t)s * PIECES + j) * THREADS);
+      // (ranges past this call's add zeros: a branch here costs the decode CTA registers)
+      const float4 p = s < splits ? __ldcg(base + ((size_t)s * PIECES + j) * THREADS)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       sum.x += p.x;
       sum.y += p.y;
       sum.z += p.z;
@@ -815,6 +818,16 @@ __device__ __forceinline__ bool split_k_gather(float (&v)[N], float* __restrict_
     v[4 * j + 3] = sum.w;
   }
   return true;
+}
+
+// A split chosen per call (a decode bucket's wide CTA, whose grid has SPLIT CTAs along K): the
+// call runs SPLIT_MANY of them, unless its moe blocks leave that grid (blocks x COL_CTAS x
+// SPLIT_MANY CTAs) short of FILL_CTAS, most of the CTAs the SMs hold at once; then all SPLIT.
+// (The number of blocks depends on how many experts the routing picks.)
+template <int BLOCK, int COL_CTAS, int SPLIT, int SPLIT_MANY, int FILL_CTAS>
+__device__ __forceinline__ int call_split(int total) {
+  if constexpr (SPLIT_MANY == SPLIT) return SPLIT;
+  else return total / BLOCK * COL_CTAS * SPLIT_MANY < FILL_CTAS ? SPLIT : SPLIT_MANY;
 }
 
 // The wide CTAs' epilogue: each warp's accumulators (acc[t][nt]: columns 16 t .. 16 t + 15 of
@@ -897,7 +910,7 @@ __device__ __forceinline__ void wide_epilogue(
 // pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1>
+          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -929,8 +942,12 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
-  const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
-  if (blk * BLOCK >= *total_ptr) return;
+  // this call's split (SPLIT unless SPLIT_MANY differs: call_split) and K range
+  const int total = *total_ptr;
+  const int split_now = call_split<BLOCK, NTILES / COLT, SPLIT, SPLIT_MANY, FILL_CTAS>(total);
+  const int cta_iters = ITERS / split_now;
+  const int it0 = split * cta_iters, group0 = it0 / GROUP_ITERS;
+  if (blk * BLOCK >= total || (SPLIT_MANY != SPLIT && split >= split_now)) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ct = warp % COLT, row0 = warp / COLT * WARP_ROWS;   // column tile, first row
@@ -1015,11 +1032,11 @@ __device__ __forceinline__ void grouped_gemm_wide(
     }
   };
 
-  prime_ring<STAGES - 1, false>(CTA_ITERS, issue_weights, issue_rows);
-  for (int i = 0; i < CTA_ITERS; ++i) {
+  prime_ring<STAGES - 1, false>(cta_iters, issue_weights, issue_rows);
+  for (int i = 0; i < cta_iters; ++i) {
     cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
     __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
-    if (i + STAGES - 1 < CTA_ITERS) issue(i + STAGES - 1);   // into stage i - 1's slot
+    if (i + STAGES - 1 < cta_iters) issue(i + STAGES - 1);   // into stage i - 1's slot
     cp_async_commit();
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET, ct, lane);
@@ -1029,9 +1046,10 @@ __device__ __forceinline__ void grouped_gemm_wide(
   __syncthreads();                         // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
     __shared__ int last_cta;
-    if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
-                                        counters, blk * (NTILES / COLT) + col_tile, split,
-                                        last_cta))
+    auto& v = reinterpret_cast<float(&)[4 * NT * 4]>(acc);
+    const int tile_id = blk * (NTILES / COLT) + col_tile;
+    if (!split_k_gather<SPLIT, THREADS>(v, partials, counters, tile_id, split, last_cta,
+                                        split_now))
       return;
   }
 
@@ -1134,10 +1152,11 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
 // may still be read by a running wgmma); the rows of a stage are stored chunk-major (k8 chunk c
 // of row r at (c BLOCK + r) x 16 bytes), the layout of the wgmma B descriptor without swizzle.
 // Accumulators and epilogue are those of grouped_gemm_wide with WARP_ROWS = BLOCK, so the
-// output is the same computation in another summation order.
+// output is the same computation in another summation order. SPLIT_MANY, FILL_CTAS: a split
+// chosen per call (call_split).
 template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
           int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, bool PIN_ADDRESSES = false>
+          int SPLIT = 1, bool PIN_ADDRESSES = false, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0>
 __device__ __forceinline__ void grouped_gemm_wgmma(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -1166,8 +1185,12 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
-  const int it0 = split * CTA_ITERS, group0 = it0 / GROUP_ITERS;
-  if (blk * BLOCK >= *total_ptr) return;
+  // this call's split (SPLIT unless SPLIT_MANY differs: call_split) and K range
+  const int total = *total_ptr;
+  const int split_now = call_split<BLOCK, NTILES / COLT, SPLIT, SPLIT_MANY, FILL_CTAS>(total);
+  const int cta_iters = ITERS / split_now;
+  const int it0 = split * cta_iters, group0 = it0 / GROUP_ITERS;
+  if (blk * BLOCK >= total || (SPLIT_MANY != SPLIT && split >= split_now)) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tile = col_tile * COLT + warp;             // the column tile warp w dequantizes
@@ -1277,8 +1300,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     wgmma_commit();
   };
 
-  prime_ring<AHEAD, false>(CTA_ITERS, issue_weights, issue_rows);
-  for (int i = 0; i < CTA_ITERS; ++i) {
+  prime_ring<AHEAD, false>(cta_iters, issue_weights, issue_rows);
+  for (int i = 0; i < cta_iters; ++i) {
     wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
     cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
     fence_proxy_async();                   // ... where the tensor cores will read it
@@ -1290,7 +1313,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       wv[sub] = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
-    if (i + AHEAD < CTA_ITERS) issue(i + AHEAD);   // into stage i - 2's slot
+    if (i + AHEAD < cta_iters) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
     if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(st + S_OFFSET, warp, lane);
@@ -1313,7 +1336,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     __shared__ int last_cta;
     if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
                                         counters, blk * (NTILES / COLT) + col_tile, split,
-                                        last_cta))
+                                        last_cta, call_split<BLOCK, NTILES / COLT, SPLIT,
+                                                             SPLIT_MANY, FILL_CTAS>(*total_ptr)))
       return;
   }
 

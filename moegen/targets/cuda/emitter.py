@@ -13,7 +13,7 @@ from ... import __version__
 from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
-from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up,
+from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, SM_COUNT, WIDE_SPLIT_FILL, align_up,
                            starts_with_single_token_bucket)
 from ...render import render
 from ...resources import data_dir
@@ -83,9 +83,10 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         buckets = op.attrs["block_buckets"]
         single = starts_with_single_token_bucket(buckets)
         per_bucket = zip(buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
-                         tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"])
-        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas) in enumerate(
-                per_bucket):
+                         tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"],
+                         tile.get("split_many", tile["split_k"]))
+        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas,
+                many) in enumerate(per_bucket):
             one_token = single and i == 0
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
@@ -99,13 +100,19 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # and rows per warp
             if cols > 1:
                 kernel = (f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
-                          + (f"_s{split}" if split > 1 else "") + ("_wg" if wg else "")
+                          + (f"_s{many}or{split}" if many != split else
+                             f"_s{split}" if split > 1 else "") + ("_wg" if wg else "")
                           + (f"_o{ctas}" if ctas else ""))
             else:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
                           + (f"_w{warps}" if warps != GEMM_TILE["warps"] else ""))
+            # (split_many < split: the kernel takes split_many K ranges in calls whose blocks
+            # fill fill_ctas CTAs so, else split; call_split in the device header)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
+                               "split_many": many,
+                               "fill_ctas": (int(WIDE_SPLIT_FILL * ctas * SM_COUNT)
+                                             if many != split else 0),
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                "ctas_per_sm": ctas, "follows_from": follows_from,
