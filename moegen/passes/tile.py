@@ -138,7 +138,9 @@ WIDE_DECODE_SLOTS = 13
 # CTAs the SMs hold (routing to fewer experts: fewer blocks). Measured on the H200, Mixtral T = 64
 # routed to 2..7 of its 8 experts: split 8 against 4 at 4 blocks 185 against 222 us, 5: 246 / 260,
 # 6: 251 / 264, 7 (448 CTAs split 4, 0.85 of 528): 260 / 264; at 8 blocks (512 CTAs) 293 / 288.
-# Its gate/up GEMM (split 1) gained nothing split 2 at 4 blocks (190 against 185 us).
+# Its gate/up GEMM (split 1) gained nothing split 2 at 4 blocks (190 against 185 us). The split
+# chosen per call: 2-17% faster at 2..7 experts, 0.3% slower at 8 (docs/PERF.md, "A K split
+# chosen per call; ...").
 WIDE_SPLIT_FILL = 0.9
 
 
