@@ -130,12 +130,20 @@ def cmd_bench(args) -> int:
             raise UsageError("--pass-pipeline: an msd_matmul bench times its fixed variants "
                              "(basic, preload, s4, dequant); set tile options in a tuning "
                              "database instead")
+        if args.experts is not None:
+            raise UsageError("--experts: routes the tokens of a moe_w4a16 spec; this is an "
+                             "msd_matmul spec")
         rows = _token_list(args.rows) if args.rows else [spec.msd.m]
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
-    from .targets.cuda.bench import bench_moe
+    from .targets.cuda.bench import bench_moe, check_experts
+    try:
+        check_experts(spec, args.experts)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
     _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
-         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline)
+         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline,
+         experts=args.experts)
     return 0
 
 
@@ -267,6 +275,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "layer built by these passes, e.g. 'fuse-align,fuse-swiglu,"
                    "tile{block-k=32},alloc' (default: the target's pipeline)")
     _tuning_db_option(s)
+    s.add_argument("--experts", type=int, metavar="N", help="moe_w4a16 specs: route every "
+                   "token among the first N experts (a skewed router; default: a random "
+                   "router over all of them)")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

@@ -110,3 +110,15 @@ def test_gpu_commands_without_a_gpu_say_so(tmp_path):
     proc = run_moegen("bench", "examples/moe-seed.yaml", "--tuning-db", str(tmp_path / "no.json"),
                       cwd=ROOT)
     assert proc.returncode == 2 and "no.json: no such file" in proc.stderr
+
+
+def test_bench_experts_option_is_checked_before_the_gpu():
+    """`bench --experts N` routes among the first N experts: N below top-k, above the spec's
+    experts or on an msd_matmul spec fails in one line, exit 2, with or without a GPU."""
+    for spec, n, says in (("mixtral-8x7b", "1", "--experts 1: routing among the first N experts "
+                           "needs top_k <= N <= num_experts (2 .. 8)"),
+                          ("mixtral-8x7b", "9", "--experts 9:"),
+                          ("msd-seed", "2", "--experts: routes the tokens of a moe_w4a16 spec")):
+        proc = run_moegen("bench", f"examples/{spec}.yaml", "--experts", n, cwd=ROOT)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1

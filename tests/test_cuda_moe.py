@@ -231,6 +231,19 @@ def pick_experts(rng, t, experts):
     return ids, w / w.sum(1, keepdims=True)
 
 
+def test_bench_routes_among_the_first_experts():
+    """`moegen bench --experts N` routes every token among experts 0 .. N - 1: its rows count
+    N experts at T = 64 (all 8 without it), each with a time and a floor."""
+    from moegen.targets.cuda.bench import bench_moe
+    spec = moe_spec(256, 128, 8, 2, tokens_max=64)
+    lines = []
+    for experts, want in ((3, 3), (None, 8)):
+        rows = bench_moe(spec, [64], reps=3, baseline=False, log=lines.append, experts=experts)
+        assert [r["experts"] for r in rows] == [want]
+        assert rows[0]["moegen_us"] > 0 and rows[0]["floor_us"] > 0
+    assert "routing among the first 3 experts" in lines[0]
+
+
 @pytest.mark.parametrize("tile", ["", "wgmma=0"])
 def test_decode_wide_split_chosen_per_call(rng, tile):
     """The wide decode bucket's down GEMM (H = 4096: 16 CTA column tiles) runs its own split, 4,

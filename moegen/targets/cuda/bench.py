@@ -141,11 +141,31 @@ class TorchBaseline:
         return out
 
 
+def confine_routing(logits, experts: int | None):
+    """Router logits that route every token among experts 0 .. experts - 1 (the others' logits
+    lowered by 30: their softmax weight is below 1e-13 of the picked ones'); all experts
+    where `experts` is None."""
+    if experts is not None:
+        logits[:, experts:] -= 30.0
+    return logits
+
+
+def check_experts(spec, experts: int | None) -> None:
+    """`experts` (bench --experts) must hold the top-k picks and be at most the spec's."""
+    m = spec.moe
+    if experts is not None and not m.top_k <= experts <= m.num_experts:
+        raise ValueError(f"experts {experts}: routing among the first N experts needs "
+                         f"top_k <= N <= num_experts ({m.top_k} .. {m.num_experts})")
+
+
 def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
               baseline: bool = True, log=print, tuning="auto",
-              pipeline: str | None = None) -> list[dict]:
+              pipeline: str | None = None, experts: int | None = None) -> list[dict]:
+    """Time the layer per token count (see `moegen bench`); `experts`: route every token among
+    the first that many experts instead of all of them (a skewed router)."""
     cp = _cupy()
     spec = load_spec(spec)
+    check_experts(spec, experts)
     layer = MoeW4A16(spec, pipeline=pipeline, tuning=tuning)
     m = spec.moe
     weights = random_packed(cp, layer)
@@ -161,7 +181,8 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     rows = []
     device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     log(f"{spec.name} on {device}; copy bandwidth {bw / 1e12:.2f} TB/s; "
-        f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert")
+        f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert"
+        + (f"; routing among the first {experts} experts" if experts is not None else ""))
     log(f"{'T':>6} {'experts':>7} {'moegen us':>10} {'floor us':>9} {'% floor':>8} "
         f"{'bf16 us':>9} {'vs bf16':>8}")
     for t in tokens:
@@ -169,7 +190,8 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
             log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
             continue
         x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
-        logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
+        logits = cp.asarray(confine_routing(
+            rng.standard_normal((t, m.num_experts)).astype(np.float32), experts))
         ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
         experts = int(cp.unique(ids).size)
         floor_us = experts * per_expert / bw * 1e6
@@ -191,7 +213,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"spec": spec.name, "device": device, "copy_bandwidth": bw,
-                       "rows": rows}, f, indent=2)
+                       "routed_among": experts or m.num_experts, "rows": rows}, f, indent=2)
     return rows
 
 
