@@ -461,11 +461,12 @@ def test_bitwise_deterministic(rng):
                                              (2048, 768, 128, 8, (1, 2, 3))])
 def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng, h, i, e, k, tokens):
     """On sm_90 the down GEMM's K-split kernel follows gate/up with programmatic dependent launch
-    (where the plan's follows_from says: from one token): the output is the plain launches' bit
-    for bit, and the reference's. Mixtral's shape of experts and top-k: the single-token bucket
+    (where the plan's follows_from says: from one token), and gate/up's follows the align kernel
+    (from two tokens, and in the single-token bucket): the output is the plain launches' bit for
+    bit, and the reference's. Mixtral's shape of experts and top-k: the single-token bucket
     (gate/up releasing the down GEMM after its K loop), the 8-row and 16-row decode buckets; the
     wide decode bucket (T = 64) launches plainly either way. Qwen3's: T = 1..3 in its first
-    decode bucket (gate/up releasing it at its start)."""
+    decode bucket (gate/up releasing it at its start; gate/up plain at T = 1)."""
     spec = moe_spec(h, i, e, k)
     pdl, plain = layer_for(spec), layer_for(spec, pdl=False)
     if not pdl.pdl:
@@ -474,6 +475,8 @@ def test_programmatic_dependent_launch_is_bitwise_the_plain_launch(rng, h, i, e,
     single = e == 8
     assert not plain.pdl and up["variants"][0]["release_after_loop"] == single
     assert [v.get("follows_from") for v in down["variants"][:3]] == [1, 1, 1]
+    assert [v.get("follows_from") for v in up["variants"][:3]] == ([1, 2, 2] if single else
+                                                                    [2, 2, 2])
     if single:
         assert down["variants"][3]["ctas_per_sm"] and down["variants"][3]["follows_from"] is None
     host_w = moe_weights(rng, e, h, i, 128)

@@ -9,7 +9,7 @@ import pytest
 
 import moegen
 from moegen.targets.compile import emit
-from moegen.targets.cuda.launch import PDL_MIN_TOKENS
+from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from conftest import ROOT
 
 GENERATED = ROOT / "generated"
@@ -60,12 +60,13 @@ def test_launch_plan():
     assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
 
 
-def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
-    """The launch plan marks the down GEMM's K-split kernels for programmatic dependent launch
-    from PDL_MIN_TOKENS tokens (one), and from one in the single-token bucket (Mixtral's T = 1,
-    whose gate/up kernel alone releases it after its K loop); their source passes FOLLOWS =
-    true. Gate/up, the wide CTAs (prefill, and Mixtral's decode bucket of T = 53..64) and the
-    kernels of buckets below PDL_MIN_TOKENS, where a rule puts any, launch plainly."""
+def test_the_k_split_gemms_follow_with_pdl():
+    """The launch plan marks the K-split kernels for programmatic dependent launch: the down
+    GEMM's from PDL_MIN_TOKENS tokens (one), their source passing FOLLOWS = true; gate/up's
+    after the align kernel from GATE_UP_PDL_MIN_TOKENS (two), passing WAITS_FIRST = true; both
+    from one in the single-token bucket (Mixtral's T = 1, whose gate/up kernel alone releases
+    the down GEMM after its K loop). The wide CTAs (prefill, and Mixtral's decode bucket of
+    T = 53..64) launch plainly."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
@@ -74,19 +75,23 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
         up, down = plan["gemms"]
         single = name == "mixtral-8x7b"
         assert (down["variants"][0]["max_tokens"] == 1) == single
-        follows = {v["kernel"] for i, v in enumerate(down["variants"])
-                   if v["col_tiles"] == 1
-                   and (v["max_tokens"] >= PDL_MIN_TOKENS or single and i == 0)}
+        follows, waits = set(), set()
+        for g, least, marked in ((down, PDL_MIN_TOKENS, follows),
+                                 (up, GATE_UP_PDL_MIN_TOKENS, waits)):
+            for i, v in enumerate(g["variants"]):
+                one_token = single and i == 0
+                want = (None if v["col_tiles"] > 1 else 1 if one_token
+                        else least if v["max_tokens"] >= least else None)
+                assert v.get("follows_from") == want, v["kernel"]
+                if want is not None:
+                    marked.add(v["kernel"])
         wide_decode = {v["kernel"] for v in down["variants"] if v["ctas_per_sm"]}
         assert (len(wide_decode) == 1) == single     # Mixtral's wide decode bucket
-        assert follows and all(v["follows_from"] is None for v in up["variants"])
-        for i, v in enumerate(down["variants"]):
-            want = 1 if single and i == 0 else PDL_MIN_TOKENS if v["kernel"] in follows else None
-            assert v.get("follows_from") == want, v["kernel"]
+        assert follows and waits and not (follows & waits)
         late = {v["kernel"] for v in up["variants"] if v["release_after_loop"]}
         assert late == ({up["variants"][0]["kernel"]} if single else set())
         assert all(not v["release_after_loop"] for v in down["variants"])
-        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows
+        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows | waits
         for v in up["variants"] + down["variants"]:
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
@@ -102,9 +107,11 @@ def test_only_the_down_gemms_decode_kernels_follow_with_pdl():
                 assert [a.strip() for a in wide[13:]] == want, v
                 assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue
-            tail = [a.strip() for a in args.group(1).split(",")][15:]   # FOLLOWS, RELEASE_AFTER_LOOP
+            # FOLLOWS, RELEASE_AFTER_LOOP, WAITS_FIRST
+            tail = [a.strip() for a in args.group(1).split(",")][15:]
             assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]
             assert (tail[1:2] == ["true"]) == (v["kernel"] in late), v["kernel"]
+            assert (tail[2:3] == ["true"]) == (v["kernel"] in waits), v["kernel"]
 
 
 NVCC = shutil.which("nvcc")
@@ -211,16 +218,20 @@ def ptx_entries(ptx: str) -> dict[str, str]:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
-    """sm_90: every K-split GEMM releases the next kernel (griddepcontrol.launch_dependents); the
-    down GEMM's K-split kernels copy weights (the L2-hinted copies; where they stage scales, the
-    .ca copies too) before griddepcontrol.wait and no activation rows (the plain .cg copies)
-    before it. sm_80 has neither instruction."""
+    """sm_90: every K-split GEMM and the align kernels release the next kernel
+    (griddepcontrol.launch_dependents); the down GEMM's K-split kernels copy weights (the
+    L2-hinted copies; where they stage scales, the .ca copies too) before griddepcontrol.wait and
+    no activation rows (the plain .cg copies) before it; gate/up's wait before they read or
+    copy anything, and release the down GEMM only after the wait. sm_80 has neither
+    instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
     follows = {k["name"] for k in plan["kernels"] if "launch" in k}
     k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
+    gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
+    releases = k_split | {"moe_align", "moe_route_align"}
     for arch in ("sm_90a", "sm_80"):
         ptx_path = tmp_path / f"{arch}.ptx"
         proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
@@ -231,9 +242,13 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
             if arch == "sm_80":
                 assert "griddepcontrol" not in body, name
                 continue
-            assert ("griddepcontrol.launch_dependents" in body) == (name in k_split), name
+            assert ("griddepcontrol.launch_dependents" in body) == (name in releases), name
             assert ("griddepcontrol.wait" in body) == (name in follows), name
-            if name in follows:
+            if name in follows and name in gate_up:
+                before = body[:body.index("griddepcontrol.wait")]
+                assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
+                assert body.index("griddepcontrol.launch_dependents") > len(before), name
+            elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
                 assert "cp.async.cg.shared.global.L2::cache_hint" in before, name
                 assert not re.search(r"cp\.async\.cg\.shared\.global \[", before), name

@@ -416,9 +416,13 @@ __device__ __forceinline__ uint4 staged_group_scales(const unsigned char* staged
 // FOLLOWS (the down GEMM, launched with programmatic dependent launch): the routing is final
 // when the CTA starts, its input activations are not; so it copies the weights of its first
 // STAGES ring stages, then waits for the kernel before it, then copies those stages' rows.
+// WAITS_FIRST (the gate/up GEMM, launched so after the align kernel): the CTA waits for that
+// kernel before it reads anything (the routing comes from it), and only then releases its own
+// dependents, whose early reads take the routing as final.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
-          int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false>
+          int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false,
+          bool WAITS_FIRST = false>
 __device__ __forceinline__ void grouped_gemm(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -462,6 +466,7 @@ __device__ __forceinline__ void grouped_gemm(
   // one wave of CTAs, no last wave to fill): only after the K loop, so that the dependents do
   // not take issue slots and bandwidth from it while they wait (measured: 2 us faster than
   // plain launches at Mixtral T = 1, where releasing at the start was 5 us slower).
+  if constexpr (WAITS_FIRST) wait_for_previous_kernel();
   if constexpr (!RELEASE_AFTER_LOOP) release_dependents();
   // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
   // close together and the tile comes from DRAM once, from L2 after

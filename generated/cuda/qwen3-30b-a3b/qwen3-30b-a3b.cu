@@ -225,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
           int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
           float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();            // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   align_clear_counts(sh);
   __syncthreads();
@@ -246,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
 moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
                 int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
                 float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();            // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   __shared__ int ids[ROUTE_ALIGN_MAX_TOKENS * TOPK];
   __shared__ float weights[ROUTE_ALIGN_MAX_TOKENS * TOPK];
@@ -285,11 +287,12 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
 // wide CTAs use the partials and counters only where they split K).
 // gate_up: K = 2048, 24 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
+// (launched with programmatic dependent launch on sm_90 from T = 2: its CTAs are resident while the align kernel runs, and wait for it before anything else)
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 2048, 24, 768, 128, 4, 8, 1, 8, 1, true, false, false>(
+  moegen::grouped_gemm<8, 1, 2048, 24, 768, 128, 4, 8, 1, 8, 1, true, false, false, 0, false, false, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

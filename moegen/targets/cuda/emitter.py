@@ -18,7 +18,7 @@ from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, SM_COUNT, WIDE_SPLIT_FILL, a
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
-from .launch import PDL_MIN_TOKENS
+from .launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 
 HEADER_FILE = "moegen_w4a16.cuh"
 ROUTER_WARPS = 4
@@ -93,8 +93,12 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # in the single-token bucket, whose gate/up releases it only after its K loop
             # (launch.py). The wide CTAs launch plainly, also in a decode bucket (measured at
             # Mixtral T = 64 there: 320 us with PDL against 301 without; at T = 56 even).
-            follows_from = (None if g.name != "down" or cols > 1 else 1 if one_token
-                            else PDL_MIN_TOKENS if edge >= PDL_MIN_TOKENS else None)
+            # The gate/up GEMM's K-split CTA follows the align kernel so (its CTAs resident
+            # while align runs; they wait for it first: WAITS_FIRST in the device header), from
+            # GATE_UP_PDL_MIN_TOKENS tokens and in the single-token bucket.
+            least = PDL_MIN_TOKENS if g.name == "down" else GATE_UP_PDL_MIN_TOKENS
+            follows_from = (None if cols > 1 else 1 if one_token
+                            else least if edge >= least else None)
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
             # and rows per warp

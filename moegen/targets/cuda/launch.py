@@ -7,7 +7,9 @@ see that kernel's writes only after `griddepcontrol.wait` (`moegen::release_depe
 `moegen::wait_for_previous_kernel` in templates/cuda/moegen_w4a16.cuh). The MoE layer launches
 its down GEMM (the K-split CTA) this way: its CTAs fill the SMs that the gate/up GEMM's last
 wave leaves free and stream their first weight stages, which do not depend on gate/up, before
-they wait. Stream capture records these launches as programmatic edges of the CUDA graph.
+they wait. Its gate/up GEMM (the K-split CTA) follows the align kernel so: resident while align
+runs, it waits before it reads anything, and only then releases the down GEMM. Stream capture
+records these launches as programmatic edges of the CUDA graph.
 
 CuPy launches without attributes, so these go through the driver's `cuLaunchKernelEx` (ctypes;
 the structures below follow cuda.h).
@@ -30,6 +32,14 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
 # (Mixtral's T = 1) differs in where gate/up releases the down GEMM: only after its K loop
 # (measured: Mixtral T = 1 70.6 us against 72.4 plain and 77 with the release at the start).
 PDL_MIN_TOKENS = 1
+
+# The fewest tokens a call must have for its gate/up GEMM (the K-split CTA) to follow the align
+# kernel with PDL: its CTAs are resident while align runs and wait for it before reading
+# anything. Measured on the H200 (docs/PERF.md, "The gate/up GEMM under PDL after the align
+# kernel"), against the same kernels launched plainly: 0.5-2% faster at T = 2..40 on the three
+# example models; at T = 1 6% slower on DeepSeek-V2-Lite and even on Qwen3, but 1.5% faster in
+# Mixtral's single-token bucket, which follows from T = 1.
+GATE_UP_PDL_MIN_TOKENS = 2
 
 
 class LaunchAttribute(ctypes.Structure):

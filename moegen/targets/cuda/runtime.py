@@ -159,8 +159,10 @@ class MoeW4A16:
     kernels (decode buckets, but not the wide CTA of one) are launched with programmatic
     dependent launch (moegen/targets/cuda/launch.py) where the launch plan says (`follows_from`:
     calls of PDL_MIN_TOKENS tokens or more, and the single-token bucket): they stream their
-    first weight stages while the gate/up GEMM finishes.
-    `pdl=False` launches it after gate/up always (the same output, bit for bit).
+    first weight stages while the gate/up GEMM finishes. The gate/up GEMM's K-split kernels
+    follow the align kernel so (from GATE_UP_PDL_MIN_TOKENS tokens, and the single-token
+    bucket), waiting for it before they read anything.
+    `pdl=False` launches each kernel after the one before (the same output, bit for bit).
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
