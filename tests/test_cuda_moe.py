@@ -233,14 +233,16 @@ def pick_experts(rng, t, experts):
 
 def test_bench_routes_among_the_first_experts():
     """`moegen bench --experts N` routes every token among experts 0 .. N - 1: its rows count
-    N experts at T = 64 (all 8 without it), each with a time and a floor."""
+    the 2 experts of one token, then N experts at T = 32 and 64 (all 8 without it), each row
+    with a time and a floor."""
     from moegen.targets.cuda.bench import bench_moe
     spec = moe_spec(256, 128, 8, 2, tokens_max=64)
     lines = []
-    for experts, want in ((3, 3), (None, 8)):
-        rows = bench_moe(spec, [64], reps=3, baseline=False, log=lines.append, experts=experts)
-        assert [r["experts"] for r in rows] == [want]
-        assert rows[0]["moegen_us"] > 0 and rows[0]["floor_us"] > 0
+    for experts, want in ((3, [2, 3, 3]), (None, [2, 8, 8])):
+        rows = bench_moe(spec, [1, 32, 64], reps=3, baseline=False, log=lines.append,
+                         experts=experts)
+        assert [r["experts"] for r in rows] == want
+        assert all(r["moegen_us"] > 0 and r["floor_us"] > 0 for r in rows)
     assert "routing among the first 3 experts" in lines[0]
 
 

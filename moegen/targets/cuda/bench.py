@@ -193,10 +193,10 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         logits = cp.asarray(confine_routing(
             rng.standard_normal((t, m.num_experts)).astype(np.float32), experts))
         ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
-        experts = int(cp.unique(ids).size)
-        floor_us = experts * per_expert / bw * 1e6
+        routed = int(cp.unique(ids).size)
+        floor_us = routed * per_expert / bw * 1e6
         ours = time_call(cp, lambda: layer(x, logits, weights), reps)
-        row = {"tokens": t, "experts": experts, "moegen_us": ours, "floor_us": floor_us,
+        row = {"tokens": t, "experts": routed, "moegen_us": ours, "floor_us": floor_us,
                "pct_of_floor": 100 * floor_us / ours}
         if base is not None:
             torch = base.torch
@@ -208,7 +208,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
             row["bf16_us"] = base.time(xt, it, wt, reps)
         rows.append(row)
         b = row.get("bf16_us")
-        log(f"{t:>6} {experts:>7} {ours:>10.1f} {floor_us:>9.1f} {row['pct_of_floor']:>7.0f}% "
+        log(f"{t:>6} {routed:>7} {ours:>10.1f} {floor_us:>9.1f} {row['pct_of_floor']:>7.0f}% "
             + (f"{b:>9.1f} {b / ours:>7.2f}x" if b else f"{'-':>9} {'-':>8}"))
     if json_path:
         with open(json_path, "w") as f:
