@@ -1339,6 +1339,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   __syncthreads();                         // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
     __shared__ int last_cta;
+    // (the split worked out again, not held in a register across the K loop: at the decode
+    // bucket's 128 registers, holding it spilled)
     if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
                                         counters, blk * (NTILES / COLT) + col_tile, split,
                                         last_cta, call_split<BLOCK, NTILES / COLT, SPLIT,
