@@ -1339,8 +1339,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   __syncthreads();                         // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
     __shared__ int last_cta;
-    // (the split worked out again, not held in a register across the K loop: at the decode
-    // bucket's 128 registers, holding it spilled)
+    // (the call's split worked out again from the block count: the value of split_now)
     if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
                                         counters, blk * (NTILES / COLT) + col_tile, split,
                                         last_cta, call_split<BLOCK, NTILES / COLT, SPLIT,
