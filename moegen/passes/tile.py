@@ -271,6 +271,12 @@ def wide_decode_ctas(warps: int) -> int:
     return max(1, CTAS_PER_SM * GEMM_TILE["warps"] // warps)
 
 
+def wide_split_fill_ctas(ctas_per_sm: int) -> int:
+    """The CTAs below which a call doubles its wide decode split (call_split in the device
+    header): WIDE_SPLIT_FILL of those `ctas_per_sm` CTAs on every SM hold."""
+    return int(WIDE_SPLIT_FILL * ctas_per_sm * SM_COUNT)
+
+
 def wide_col_tiles(ntiles: int, block: int, most: int) -> int:
     """64-column tiles per CTA of the wide GEMM: `most` (halved until it divides the weight's
     tiles and its epilogue fits); 1 (the K-split CTA) for blocks it does not take."""

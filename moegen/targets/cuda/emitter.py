@@ -13,8 +13,8 @@ from ... import __version__
 from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
-from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, SM_COUNT, WIDE_SPLIT_FILL, align_up,
-                           starts_with_single_token_bucket)
+from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
+                           wide_split_fill_ctas)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -115,8 +115,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # fill fill_ctas CTAs so, else split; call_split in the device header)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "split_many": many,
-                               "fill_ctas": (int(WIDE_SPLIT_FILL * ctas * SM_COUNT)
-                                             if many != split else 0),
+                               "fill_ctas": wide_split_fill_ctas(ctas) if many != split else 0,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                "ctas_per_sm": ctas, "follows_from": follows_from,
