@@ -84,7 +84,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         single = starts_with_single_token_bucket(buckets)
         per_bucket = zip(buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
                          tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"],
-                         tile.get("split_many", tile["split_k"]))
+                         tile["split_many"])
         for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas,
                 many) in enumerate(per_bucket):
             one_token = single and i == 0
