@@ -5,14 +5,16 @@ from .ir import Module, parse
 from .resources import pipeline_file
 from .spec import Spec, load_spec
 
-# Block sizes a MoE layer may pick per token bucket (the tile pass and autotune choose among
-# them); the largest bounds the routing index buffers.
+# Block sizes of the K-split and wide CTAs that a MoE layer may pick per token bucket (the tile
+# pass and autotune choose among them); the tall prefill tile's block (the tile pass gives it to
+# calls whose average expert gets many slots) is larger and bounds the routing index buffers.
 MOE_BLOCK_CHOICES = (8, 16, 32, 64)
+TALL_BLOCK = 128
 
 
 def capacity_block(spec: Spec) -> int:
     """The largest moe block size a call of this spec's layer may use."""
-    return spec.moe.block_size or max(MOE_BLOCK_CHOICES)
+    return spec.moe.block_size or TALL_BLOCK
 
 
 def symbols(spec: Spec) -> dict[str, int]:

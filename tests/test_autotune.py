@@ -127,7 +127,7 @@ def test_compile_uses_the_tuned_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [724, 32] in json.loads((out / "qwen3-30b-a3b.launch.json").read_text())["buckets"]
     # without a database the defaults stand
-    assert "[[16, 8], [64, 8], [128, 8], [8192, 32]]" in str(lower(QWEN, "cuda")[0])
+    assert "[[16, 8], [64, 8], [128, 8], [4095, 32], [8192, 128]]" in str(lower(QWEN, "cuda")[0])
 
 
 def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
@@ -137,7 +137,8 @@ def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
     default = str(lower(QWEN, "cuda")[0])
-    assert "stages = [8, 8, 8, 4]" in default and "col_tiles = [1, 1, 1, 4]" in default
+    assert "stages = [8, 8, 8, 4, 4]" in default and "col_tiles = [1, 1, 1, 4, 4]" in default
+    assert "tall = [false, false, false, false, true]" in default
     # an entry measured before the wide CTA (no col_tiles) keeps the K-split CTA it measured
     assert "col_tiles = [1, 1, 1, 1, 1]" in text
 
@@ -155,7 +156,7 @@ def test_tuned_warpgroup_mma_flag(tmp_path):
                                                   "default_us": 600.0, "checked": True}])
         text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
         assert f"col_tiles = [4], warp_rows = [32], wgmma = [{want}]" in text, flag
-    assert "wgmma = [false, false, false, true]" in str(lower(QWEN, "cuda")[0])
+    assert "wgmma = [false, false, false, true, true]" in str(lower(QWEN, "cuda")[0])
     assert at.default_config(QWEN, 2048).wgmma == 1
     # wgmma only where the tile allows: 2 column tiles are the same kernel either way
     a, b = (at.MoeConfig(32, 1, 4, 1, 32, 4, 2, 32, wg) for wg in (0, 1))
@@ -183,7 +184,10 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 8, warps=2)
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
-    assert at.default_config(mixtral, 2048) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    assert at.default_config(mixtral, 512) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    # from T = 1024 (256 slots an expert) the tall tile: block 128, 64 k a stage
+    assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 64, 4, col_tiles=4)
+    assert not at.same_tile(at.default_config(mixtral, 512), at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4)
     assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4),
@@ -191,10 +195,10 @@ def test_default_config_is_recognised_in_the_sweep():
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
-    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 2048))
+    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 512))
     assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 2048))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 2048))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 512))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 512))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))

@@ -320,6 +320,57 @@ def test_prefill_wide_cta(rng, h, i, e, k, tile, wgmma):
                              (65, 222, 1024, 2048))
 
 
+def tall_routing(rng, t, k, counts):
+    """topk_ids [t, k] routing counts[e] slots to expert e (sum t k, none above t: each token's
+    k experts differ) and normalized weights."""
+    slots = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    assert slots.size == t * k and max(counts) <= t
+    ids = slots.reshape(k, t).T[rng.permutation(t)]      # token j: slots j, j + t, ... sorted
+    w = rng.random((t, k)).astype(np.float32) + 0.1
+    return np.ascontiguousarray(ids), w / w.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("arch", [None, "sm_90"])
+def test_prefill_tall_tile(rng, arch):
+    """From 256 slots an average expert (8 experts of top-2: T >= 1024) prefill calls take the
+    tall tile: blocks of 128 rows x 4 column tiles, a warpgroup each, in dynamic shared memory.
+    The routing ends experts' blocks at 1..128 rows, so every cut of the wgmma to the rows a
+    block holds (32, 64, 96 or 128) runs, and one expert has a single slot. Against the
+    reference, bitwise on a second run and bitwise the wide CTA's output (tile{tall=0}: each
+    output is the same chain of k16 MMAs); a graph replayed with new inputs, one of them routed
+    to two experts. arch sm_90: compiled without warpgroup MMA, where the kernel is the wide CTA
+    of block 128 (16 warps) in dynamic shared memory."""
+    spec = moe_spec(1024, 512, 8, 2, tokens_max=2048)
+    kw = {"arch": arch} if arch else {}
+    layer = layer_for(spec, **kw)
+    wide = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=0},alloc", **kw)
+    for g in layer.plan["gemms"]:
+        v = g["variants"][-1]
+        assert (v["tall"], v["block"], v["warps"], v["max_tokens"]) == (True, 128, 16, 2048)
+        assert v["shared_bytes"] > 48 * 1024 and g["variants"][-2]["max_tokens"] == 1023
+    assert not any(v["tall"] for g in wide.plan["gemms"] for v in g["variants"])
+    m = layer.spec.moe
+    host = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, 128)
+    packed = layer.pack(*host)
+    t = 1024
+    # last blocks of 2, 62, 80, 128, 1, 97, 88 and 54 rows
+    ids, w = tall_routing(rng, t, m.top_k, [130, 190, 208, 256, 1, 97, 600, 566])
+    x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
+    args = (cp.asarray(x), packed)
+    routing = {"topk_ids": cp.asarray(ids), "topk_weights": cp.asarray(w)}
+    layer.out.fill(POISON)
+    got = cp.asnumpy(layer(*args, **routing)).copy()
+    want = R.moe_w4a16(x, ids, w, *host, group_size=128)
+    assert rel_err(got, want) <= 2e-3
+    layer.out.fill(POISON)
+    assert np.array_equal(cp.asnumpy(layer(*args, **routing)).view(np.uint16), got.view(np.uint16))
+    wide.out.fill(POISON)
+    assert np.array_equal(cp.asnumpy(wide(*args, **routing)).view(np.uint16), got.view(np.uint16))
+    assert_matches_reference(rng, layer, (1024, 1531, 2048))
+    if arch is None:
+        assert_graph_replays(rng, layer, host, packed, 1200, pushes=(0.0, 30.0))
+
+
 def test_unfused_swiglu(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
     assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]

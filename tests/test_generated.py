@@ -45,7 +45,16 @@ def test_launch_plan():
     spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in ws["buffers"].values())
     assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"] < ws["counters"]["offset"]
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["bytes"]
-    assert plan["buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [8192, 32]]
+    assert plan["buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [1023, 32], [8192, 128]]
+    # T >= 1024 (256 slots an expert): the tall tile, 16 warps, in dynamic shared memory
+    kernels = {k["name"]: k for k in plan["kernels"]}
+    for g in plan["gemms"]:
+        v = g["variants"][5]
+        assert (v["tall"], v["block"], v["col_tiles"], v["warps"]) == (True, 128, 4, 16)
+        assert kernels[v["kernel"]]["shared_bytes"] == v["shared_bytes"] > 48 * 1024
+        assert re.search(r"__launch_bounds__\(512\)\n" + v["kernel"] + r"\(.*?"
+                         r"grouped_gemm_wgmma_tall<128,.*?#else\s*moegen::grouped_gemm_wide<128, 32,"
+                         r" 4,.*?, true>\(", source, re.DOTALL)
     # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM; the
     # partials hold every split of every tile of the largest call
     for g in plan["gemms"]:
@@ -96,6 +105,10 @@ def test_the_k_split_gemms_follow_with_pdl():
             body = source[source.index(v["kernel"] + "("):]
             body = body[:body.index("\n}\n")]
             args = re.search(r"grouped_gemm<([^>]*)>\(", body)
+            if v["tall"]:               # the tall tile launches plainly
+                assert "grouped_gemm_wgmma_tall<" in body
+                assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
+                continue
             if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split,
                 # ..., SPLIT, PIN_ADDRESSES> in the decode bucket, then SPLIT_MANY, FILL_CTAS
                 # where the device picks the split per call
@@ -326,6 +339,10 @@ def test_fused_topk_sum_plan():
             wide = r"grouped_gemm_wgmma<.*true, 2>\(\s*#else\s*moegen::" + wide + r"#endif\s*"
         call = (r"false, 2, true>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
                 else wide + r"a, w, .*out,\s*sum_out, sum_counters\);")
+        if v["tall"]:   # the tall tile, else the wide CTA of its block in dynamic shared memory
+            call = (r"grouped_gemm_wgmma_tall<.*true, 2>\(\s*a, w, .*out,\s*sum_out, sum_counters\);"
+                    r"\s*#else\s*moegen::grouped_gemm_wide<.*true, 2, 1, 1, 0, true>\(\s*a, w, .*out,"
+                    r"\s*sum_out, sum_counters\);")
         assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:

@@ -4,6 +4,7 @@ import re
 import networkx as nx
 import pytest
 
+import gpu_cases
 import moegen
 from moegen.ir import parse
 from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
@@ -109,26 +110,33 @@ def test_moe_passes_printed(path):
     # above 13 slots an average expert (Mixtral: T = 53..64) the wide CTA of block 32
     wd = 13 * spec.moe.num_experts // spec.moe.top_k
     wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
+    # from 256 slots an average expert (Mixtral: T = 1024) the tall tile of block 128
+    tall = -(-256 * spec.moe.num_experts // spec.moe.top_k)
+    tall = tall if not fixed and 64 < tall <= spec.tokens.max else None
     buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
         f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
         f"[16, {fixed or 8}], " + (f"[{wd}, {mid}], [64, 32], " if wd else
                                    f"[64, {fixed or mid}], ")
-        + (f"[{tail}, {fixed or 8}], " if tail else "") + f"[{spec.tokens.max}, {fixed or 32}]]")
+        + (f"[{tail}, {fixed or 8}], " if tail else "")
+        + (f"[{tall - 1}, 32], [{spec.tokens.max}, 128]]" if tall else
+           f"[{spec.tokens.max}, {fixed or 32}]]"))
     # decode buckets: the K-split CTA (16 k a stage, 4 warps, 2 for T = 1 alone, 8 stages where
     # shared memory holds them), the wide one split over K (32 k a stage, 4 stages); the
     # prefill bucket: the wide CTA of 4 column tiles, 32 k a stage, 4 stages
     wide = spec.tokens.max > 64
 
-    def per_bucket(one_token, k_split, decode_wide, prefill):
+    def per_bucket(one_token, k_split, decode_wide, prefill, tall_tile):
         return ((f"{one_token}, " if one else "") + k_split + (f", {decode_wide}" if wd else "")
                 + (f", {k_split.split(', ')[-1]}" if tail else "")
-                + (f", {prefill}" if wide else ""))
-    tile = (r"block_k = \[" + per_bucket(16, "16, 16", 32, 32)
-            + r"\], warps = \[" + ("2, " if one else "") + r"4(, 4)*\], "
-            r"stages = \[" + per_bucket(8, "8, [358]", 4, 4)
+                + (f", {prefill}" if wide else "") + (f", {tall_tile}" if tall else ""))
+    # the tall tile: 64 k a stage, 16 warps (4 column tiles x 4 row groups of 32 where it runs
+    # as the wide CTA), 4 stages
+    tile = (r"block_k = \[" + per_bucket(16, "16, 16", 32, 32, 64)
+            + r"\], warps = \[" + ("2, " if one else "") + r"4(, 4)*" + (", 16" if tall else "")
+            + r"\], stages = \[" + per_bucket(8, "8, [358]", 4, 4, 4)
             + r"\], split_k = \[.*\], "
-            r"col_tiles = \[" + per_bucket(1, "1, 1", 4, 4) + r"\], "
-            r"warp_rows = \[" + per_bucket(0, "0, 0", 32, 32) + r"\]")
+            r"col_tiles = \[" + per_bucket(1, "1, 1", 4, 4, 4) + r"\], "
+            r"warp_rows = \[" + per_bucket(0, "0, 0", 32, 32, 32) + r"\]")
     check_lines(text, [
         r"workspace = \{bytes = \d+",
         r"moe\.topk_softmax\(%router_logits\)",
@@ -218,7 +226,8 @@ def test_tile_options_override_defaults():
     assert ("tile = {block_n = 64, block_k = [16, 16, 16, 16], warps = [2, 2, 2, 2], "
             "stages = [3, 3, 3, 3], split_k = [4, 4, 1, 1], col_tiles = [1, 1, 1, 1], "
             "warp_rows = [0, 0, 0, 0], wgmma = [false, false, false, false], "
-            "ctas_per_sm = [0, 0, 0, 0], split_many = [4, 4, 1, 1]}") in text
+            "ctas_per_sm = [0, 0, 0, 0], split_many = [4, 4, 1, 1], "
+            "tall = [false, false, false, false]}") in text
     with pytest.raises(PipelineError, match="does not split"):
         lower(MOE, "cuda", "tile{split-k=64}")
 
@@ -247,7 +256,7 @@ def test_wide_cta_in_prefill_buckets():
     as deep as 48 KB allows; wide-cols=0 keeps the K-split CTA; blocks other than 32, 64 and
     decode buckets never take it."""
     # (Qwen3: buckets up to 16, 64, 128 with block 8, then prefill with block 32)
-    for t in gemm_tiles(MOE):
+    for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{tall=0},alloc"):
         assert (t["col_tiles"], t["warps"][-1], t["block_k"][-1], t["stages"][-1]) == (
             [1, 1, 1, 4], 4, 32, 4)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{moe-block=64,wide-cols=2,stages=9},alloc"):
@@ -258,7 +267,7 @@ def test_wide_cta_in_prefill_buckets():
         assert (t["col_tiles"], t["warp_rows"], t["warps"]) == ([1, 1, 4, 4], [0, 0, 64, 64],
                                                                 [4] * 4)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{warp-rows=64},alloc"):
-        assert t["warp_rows"] == [0, 0, 0, 32]       # a block of 32 rows: 32 a warp
+        assert t["warp_rows"] == [0, 0, 0, 32]       # a block of 32 rows: 32 a warp (no tall tile)
     for t in gemm_tiles(MOE, "fuse-align,fuse-swiglu,tile{wide-cols=0},alloc"):
         # block 32: 5 stages fit 48 KB, rounded down to 4 (a power of two)
         assert t["col_tiles"] == [1, 1, 1, 1] and t["stages"] == [8, 8, 8, 4]
@@ -267,6 +276,43 @@ def test_wide_cta_in_prefill_buckets():
                                     "top_k": 2}, "targets": {"cuda": {}}})
     up, down = gemm_tiles(odd)          # 2 I = 320 columns: 5 tiles; H = 96: 2 tiles
     assert up["col_tiles"][-1] == 1 and down["col_tiles"][-1] == 2
+
+
+def test_tall_tile_in_large_prefill_buckets():
+    """Prefill calls whose average expert gets 256 slots or more take the tall tile: a bucket
+    of block 128 (4 column tiles, 16 warps where it runs as the wide CTA, 64 k a stage, 4
+    stages, dynamic shared memory); an option that pins the prefill tile, tall=0, or weights
+    whose tiles do not make whole CTAs of 4 keep the wide CTA."""
+    from moegen.passes.tile import tall_shared_bytes
+    edges = {"mixtral-8x7b": 1024, "qwen3-30b-a3b": 4096, "deepseek-v2-lite": 2731}
+    for name, edge in edges.items():
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        for t in gemm_tiles(spec):
+            assert (t["tall"][-1], t["col_tiles"][-1], t["warps"][-1], t["block_k"][-1],
+                    t["stages"][-1], t["warp_rows"][-1]) == (True, 4, 16, 64, 4, 32)
+            assert not any(t["tall"][:-1])
+        module = lower(spec, "cuda", tuning=None)[0]
+        buckets = module.function().op("moe.align").attrs["block_buckets"]
+        assert buckets[-2:] == [[edge - 1, 32], [8192, 128]], name
+    # the fp32 outputs of 4 column tiles x 128 rows (rows padded by 4 words) outsize the ring
+    assert tall_shared_bytes(128, 4, 64) == 4 * 128 * 68 * 4
+    # ... and at 8 stages the ring of the wide CTA in its place (rows padded by 16 bytes)
+    assert tall_shared_bytes(128, 8, 64) == 8 * (4 * (4 * 512 + 128) + 128 * (4 * 32 + 16))
+    for opts in ("tall=0", "block-k=32", "wide-cols=4", "warp-rows=32", "wgmma=0"):
+        for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc"):
+            assert not any(t["tall"]) and t["col_tiles"][-1] in (1, 4), opts
+    for most, got in ((6, 6), (2, 3)):
+        for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{stages={most}}},alloc"):
+            assert t["stages"][-1] == got
+    with pytest.raises(PipelineError, match=r"tile\{stages=12\}: the tall tile's ring would need "
+                                            r"\d+ bytes of shared memory \(at most 232448\)"):
+        lower(MOE, "cuda", "fuse-align,fuse-swiglu,tile{stages=12},alloc")
+    with pytest.raises(PipelineError, match=r"tile\{moe-block=128\}: the K-split and wide CTAs "
+                                            r"take blocks of up to 64 rows"):
+        lower(MOE, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")
+    # 2 I = 320 columns: 5 tiles, not whole CTAs of 4
+    odd = moegen.load_spec(gpu_cases.moe_spec(256, 160, 8, 2, tokens_max=4096, group=32))
+    assert not any(any(t["tall"]) for t in gemm_tiles(odd))
 
 
 def msd_tile(m: int, pipeline: str | None = None) -> dict:
@@ -330,15 +376,19 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
     # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways,
     # its grid split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split)
-    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [8192, 32]]
-    assert gemms[0].attrs["tile"]["split_k"] == gemms[0].attrs["tile"]["split_many"] == [1] * 5
-    assert gemms[1].attrs["tile"]["split_many"] == [8, 4, 4, 4, 1]
-    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 8, 1]
-    assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4]
+    # From T = 1024 (256 slots an average expert) the tall tile of block 128 (16 warps).
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [1023, 32],
+                                              [8192, 128]]
+    assert gemms[0].attrs["tile"]["split_k"] == gemms[0].attrs["tile"]["split_many"] == [1] * 6
+    assert gemms[1].attrs["tile"]["split_many"] == [8, 4, 4, 4, 1, 1]
+    assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 8, 1, 1]
+    assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4,
+                                                                                  16]
     for op in gemms:
         tile = op.attrs["tile"]
-        assert tile["col_tiles"] == [1, 1, 1, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 2
-        assert tile["stages"][3:] == [4, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0]
+        assert tile["col_tiles"] == [1, 1, 1, 4, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 3
+        assert tile["stages"][3:] == [4, 4, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0, 0]
+        assert tile["tall"] == [False] * 5 + [True] and tile["block_k"][-1] == 64
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
         module, _, _ = lower(moegen.load_spec(ROOT / "examples" / f"{name}.yaml"), "cuda")

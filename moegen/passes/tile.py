@@ -87,6 +87,7 @@ columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM a
 """
 from __future__ import annotations
 
+from ..build import MOE_BLOCK_CHOICES, TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
 from .manager import Context, Option, Pass, PipelineError
@@ -142,6 +143,16 @@ WIDE_DECODE_SLOTS = 13
 # chosen per call: 2-17% faster at 2..7 experts, 0.3% slower at 8 (docs/PERF.md, "A K split
 # chosen per call; ...").
 WIDE_SPLIT_FILL = 0.9
+# Prefill calls whose average expert gets TALL_SLOTS slots or more take the tall tile: blocks of
+# TALL_BLOCK (moegen/build.py) rows x 4 column tiles, a warpgroup a column tile, each warp's dequantized weights
+# serving every row of the block (grouped_gemm_wgmma_tall). Measured on the H200 against the
+# wide CTA (block 32), Mixtral: T = 2048 (512 slots an expert) 3340-3361 against 3769-3841 us,
+# T = 1024 1885-1897 against 2008-2022, T = 512 1304 against 1171 (slower); Qwen3 and DeepSeek
+# at T = 2048 (128 and 192 slots) 637 against 588 and 689 against 692 (docs/PERF.md, "The tall
+# tile").
+TALL_SLOTS = 256
+TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 64, "stages": 4}
+SHARED_OPT_IN = 227 * 1024   # dynamic shared memory a CTA may have on sm_90 (the tall tile's)
 
 
 def align_up(x: int, a: int) -> int:
@@ -191,24 +202,40 @@ def narrow_tail_edge(top_k: int, experts: int) -> int:
     return NARROW_MAX_SLOTS * experts // top_k
 
 
-def moe_buckets(spec, fixed: int | None) -> list[list[int]]:
+def tall_edge(spec) -> int | None:
+    """The smallest call whose average expert gets TALL_SLOTS slots, where the tall tile fits
+    both GEMMs (their 64-column tiles in whole CTAs of 4) and lies above the decode sizes."""
+    m = spec.moe
+    edge = -(-TALL_SLOTS * m.num_experts // m.top_k)
+    fits = all(n % 64 == 0 and (n // 64) % TALL_TILE["col_tiles"] == 0
+               for n in (2 * m.intermediate_size, m.hidden_size))
+    return edge if fits and DECODE_MAX_TOKENS < edge <= spec.tokens.max else None
+
+
+def moe_buckets(spec, fixed: int | None, tall: bool = True) -> list[list[int]]:
     """[[max_tokens, block], ...]: the decode buckets (the last split where its calls' average
     expert passes WIDE_DECODE_SLOTS slots, above which block 32: wide_decode_bucket), a
     bucket of block 8 up to the call whose average expert gets 8 slots where that lies above
-    T = 64, then prefill up to tokens.max."""
+    T = 64, then prefill up to tokens.max: block 32, and (`tall`) from the call whose average
+    expert gets TALL_SLOTS slots on, block TALL_BLOCK (the tall tile)."""
     fixed = fixed or spec.moe.block_size
     m, top = spec.moe, spec.tokens.max
     tail = narrow_tail_edge(m.top_k, m.num_experts)
     wide = wide_decode_edge(m.top_k, m.num_experts)
+    tall_from = tall_edge(spec) if tall and not fixed else None
     decode = [e for e in DECODE_EDGES if e < top]
     if not fixed and DECODE_EDGES[0] < wide < min(top, DECODE_MAX_TOKENS):
         decode = sorted(decode + [wide])
     edges = ([1] if top > 1 and single_token_bucket(m.top_k, m.hidden_size) else []) + (
-        decode + ([tail] if DECODE_MAX_TOKENS < tail < top else []) + [top])
+        decode + ([tail] if DECODE_MAX_TOKENS < tail < top else []))
+    if tall_from is not None and tall_from - 1 > max(edges + [DECODE_MAX_TOKENS]):
+        edges.append(tall_from - 1)
+    edges.append(top)
     buckets = []
     for i, edge in enumerate(edges):
         floor = edges[i - 1] + 1 if i else 1
-        block = (PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) or floor > wide else
+        block = (TALL_BLOCK if tall_from is not None and floor >= tall_from else
+                 PREFILL_BLOCK if edge > max(DECODE_MAX_TOKENS, tail) or floor > wide else
                  decode_block(edge, m.top_k, m.num_experts))
         buckets.append([edge, fixed or block])
     return buckets
@@ -304,6 +331,19 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
     besides the two in flight."""
     return (col_tiles in WGMMA_TILE["col_tiles"] and warp_rows == block and block_k % 32 == 0
             and stages >= 3)
+
+
+def tall_shared_bytes(block: int, stages: int, block_k: int) -> int:
+    """Dynamic shared memory of a tall-tile GEMM kernel: the larger of the tall tile's (its ring,
+    or the block's fp32 outputs of 4 column tiles, rows padded by 4 words) and that of the wide
+    CTA in its place where the GPU has no warpgroup MMA (its ring, or its warps' fp16 output
+    rows)."""
+    ks, cols = block_k // 16, TALL_TILE["col_tiles"]
+    tall = max(stages * (cols * (ks * 512 + SCALE_BYTES) + block * ks * 32),
+               cols * block * (64 + 4) * 4)
+    wide = max(stages * (cols * (ks * 512 + SCALE_BYTES) + block * (32 * ks + RING_ROW_PAD)),
+               cols * block * (64 + 8) * 2)
+    return max(tall, wide)
 
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
@@ -437,6 +477,9 @@ class TilePass(Pass):
                                    "where its tile allows and the GPU has it (sm_90a); 0 "
                                    "mma.sync only",
                         choices=(0, 1), minimum=0),
+        "tall": Option(int, 1, "MoE prefill buckets: 1 gives calls whose average expert gets "
+                               f"{TALL_SLOTS} slots or more the tall tile (blocks of {TALL_BLOCK}); "
+                               "0 keeps the wide CTA", choices=(0, 1), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "occupancy": Option(int, None, "MSD: CTAs an SM the kernel is built for (registers "
                                        "capped to hold them, K split to fill them); 0: uncapped",
@@ -465,10 +508,20 @@ class TilePass(Pass):
         # otherwise
         tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
                                                        or self.option("split-k-down")) else None)
+        # the tall tile unless an option pins the prefill tile (its block, k a stage, columns
+        # a CTA, or mma.sync)
+        tall = bool(self.option("tall")) and all(
+            self.option(name) is None for name in ("block-k", "wide-cols", "warp-rows")) and \
+            self.option("wgmma") != 0
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
-                   else moe_buckets(spec, fixed))
+                   else moe_buckets(spec, fixed, tall))
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
+                if fixed is not None and fixed > max(MOE_BLOCK_CHOICES):
+                    raise PipelineError(f"tile{{moe-block={fixed}}}: the K-split and wide CTAs "
+                                        f"take blocks of up to {max(MOE_BLOCK_CHOICES)} rows "
+                                        f"({TALL_BLOCK} is the tall tile's, which prefill calls "
+                                        f"take where an average expert gets {TALL_SLOTS} slots)")
                 if fixed is not None and fixed > op.attr("block"):
                     raise PipelineError(f"tile{{moe-block={fixed}}}: larger than the routing "
                                      f"buffers allow (block = {op.attr('block')})")
@@ -559,7 +612,24 @@ class TilePass(Pass):
         fixed = self.option("moe-block")
         group = spec.quant.group_size
         col_tiles, warp_rows, wgmma, ctas_per_sm, split_many = [], [], [], [], list(splits)
+        tall = []
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
+            tall.append(block == TALL_BLOCK)
+            if block == TALL_BLOCK:
+                # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
+                # wide CTA of the same block and columns, one warp per 32 rows of a column tile)
+                col_tiles.append(TALL_TILE["col_tiles"])
+                warp_rows.append(TALL_TILE["warp_rows"])
+                block_k[i] = TALL_TILE["block_k"]
+                warps[i] = TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"]
+                stages[i] = max(3, self.option("stages") or TALL_TILE["stages"])
+                if tall_shared_bytes(block, stages[i], block_k[i]) > SHARED_OPT_IN:
+                    raise PipelineError(f"tile{{stages={stages[i]}}}: the tall tile's ring would "
+                                        f"need {tall_shared_bytes(block, stages[i], block_k[i])} "
+                                        f"bytes of shared memory (at most {SHARED_OPT_IN})")
+                wgmma.append(True)
+                ctas_per_sm.append(0)
+                continue
             wide = b is not None and len(b) > 7
             # (an entry without col_tiles was measured with the K-split CTA)
             cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
@@ -618,7 +688,7 @@ class TilePass(Pass):
         return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
                 "stages": stages, "split_k": splits, "col_tiles": col_tiles,
                 "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm,
-                "split_many": split_many}
+                "split_many": split_many, "tall": tall}
 
     @staticmethod
     def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:

@@ -214,6 +214,14 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
                : "memory");
 }
 
+// mbar_arrive where `arrive` holds, without a branch
+__device__ __forceinline__ void mbar_arrive_if(unsigned long long* bar, bool arrive) {
+  asm volatile("{ .reg .pred p; .reg .b64 state; setp.ne.b32 p, %1, 0; "
+               "@p mbarrier.arrive.shared::cta.b64 state, [%0]; }\n"
+               ::"r"(smem_addr(bar)), "r"((unsigned)arrive)
+               : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   while (!done) {
@@ -232,6 +240,13 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
                  : "memory");
 #endif
   }
+}
+
+// arrives on the mbarrier once every cp.async this thread has issued so far has landed (the
+// barrier counts the arrival: .noinc, so its count includes the copying threads)
+__device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
 }
 
 // D = A (16x32 int8, row) x B (32x8 int8, col) + C, int32 accumulate.
@@ -390,6 +405,10 @@ __device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Row
 // T = 64, 22% at T = 16.) The wide CTAs copy them with their threads 0 .. 8 TILES - 1, the
 // K-split CTA with the lanes 0 .. 7 of each warp.
 constexpr int SCALE_STAGE_BYTES = 128;
+
+// The dynamic shared memory of a CTA (the tall tile's, and the wide CTA's in its place where the
+// GPU has no warpgroup MMA: more than the 48 KB a CTA may declare statically)
+extern __shared__ __align__(128) unsigned char dynamic_shared[];
 template <int TILES>
 __device__ __forceinline__ void copy_group_scales(unsigned char* dst, const uint4* src) {
   if (threadIdx.x < TILES * 8) cp_async_ca<16>(dst + 16 * threadIdx.x, src + threadIdx.x);
@@ -915,7 +934,7 @@ __device__ __forceinline__ void wide_epilogue(
 // pieces.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0>
+          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0, bool DYNAMIC_SHARED = false>
 __device__ __forceinline__ void grouped_gemm_wide(
     const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
@@ -943,7 +962,10 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
-  __shared__ __align__(16) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
+  // (DYNAMIC_SHARED: the launch gives the larger of the two as dynamic shared memory)
+  __shared__ __align__(16) unsigned char
+      static_shared[DYNAMIC_SHARED ? 16 : RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
+  unsigned char* smem = DYNAMIC_SHARED ? dynamic_shared : static_shared;
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
@@ -1139,6 +1161,54 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
         "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
         "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_f16<96>(float (&d)[48], const unsigned (&a)[4],
+                                             unsigned long long b_desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %53, 0; "
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+      "}, {%48, %49, %50, %51}, %52, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&a)[4],
+                                              unsigned long long b_desc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
@@ -1350,6 +1420,229 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   wide_epilogue<BLOCK, BLOCK, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
       acc, smem, 0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
       sum_counters);
+}
+
+// a row count as a type (the tall tile's K loop, instantiated per wgmma width)
+template <int N>
+struct Rows {
+  static constexpr int value = N;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Prefill-sized grouped W4A16 GEMM on warpgroup MMA, the tall tile (sm_90a): BLOCK rows (64 or
+// 128) of one expert x 4 column tiles of 64 over the whole K, by four warpgroups: warpgroup c
+// multiplies column tile c, its warp w dequantizing 16-column subtile w of it (one packed word
+// a lane and k16 step) for one wgmma of 64 columns x BLOCK rows x k16 a step. Each dequantized
+// weight serves BLOCK rows (32 in the wide CTA's tile) and each staged row 256 columns, as
+// there. Ring, copies and group scales are the wide warpgroup CTA's (every thread copies,
+// STAGES - 2 stages ahead; the stage before the current one may still be read by a running
+// wgmma). A tile's gate and up columns sit in different warps, so the accumulators go through
+// shared memory as fp32 into the epilogue. Dynamic shared memory: the larger of the ring and
+// the staged outputs (tall_shared_bytes in the tile pass).
+template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
+          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+__device__ __forceinline__ void grouped_gemm_wgmma_tall(
+    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
+    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
+    int* __restrict__ sum_counters = nullptr) {
+  constexpr int COLT = 4, THREADS = 128 * COLT;    // a warpgroup per column tile
+  constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
+  static_assert(BLOCK == 64 || BLOCK == 128, "a wgmma of 64 or 128 rows");
+  static_assert(NTILES % COLT == 0, "whole CTAs of 4 column tiles");
+  static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
+  static_assert(KS % 2 == 0, "A fragments alternate between two register sets by step parity");
+  static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
+  constexpr int GROUP_ITERS = G / (16 * KS);
+  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
+  constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
+  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int AHEAD = STAGES - 2;
+  constexpr int RED_ROW = 64 + 4;    // fp32 words of a staged output row (conflict-free writes)
+  unsigned char* smem = dynamic_shared;
+
+  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  if (blk * BLOCK >= *total_ptr) return;
+  const int expert = expert_ids[blk];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4, subtile = warp % 4;   // column tile wg of the CTA's, 16 columns of it
+
+  // copies of one stage: the weights by copy_weight_stage; activation chunk c is part
+  // c % CHUNKS of row c / CHUNKS, stored chunk-major (the wgmma B layout)
+  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
+  constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;
+  const half* copy_row[A_COPIES];
+  unsigned copy_bytes[A_COPIES];
+#pragma unroll
+  for (int q = 0; q < A_COPIES; ++q) {
+    const int c = q * THREADS + threadIdx.x;
+    const bool copies = A_CHUNKS % THREADS == 0 || c < A_CHUNKS;
+    const int slot = copies ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
+    copy_bytes[q] = slot < num_slots ? 16u : 0u;
+    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+  }
+  const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
+  const uint4* s_cta = scales + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
+  auto issue_weights = [&](int i) {
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, i * KS);
+    if (i % GROUP_ITERS == 0)
+      copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+  };
+  auto issue_rows = [&](int i) {
+    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+#pragma unroll
+    for (int q = 0; q < A_COPIES; ++q) {
+      const int c = q * THREADS + threadIdx.x;
+      if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
+      cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
+                       copy_row[q] + i * KS * 16, copy_bytes[q]);
+    }
+  };
+
+  // acc[4 q + c]: column 16 subtile + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
+  // 8 q + 2 (lane % 4) + c % 2
+  float acc[BLOCK / 2];
+  half2 scale_now;                       // the lane's two columns' scales, the current group's
+  unsigned frag[2][4];                   // [step parity]: A fragments
+
+  // full[s]: ring slot s has landed (every thread's copies of it); empty[s]: every warp's
+  // wgmmas are done with it. Every thread copies and multiplies, and waits only for the stage
+  // it reads and the slot it refills (a CTA-wide barrier a stage measured 11% slower).
+  __shared__ unsigned long long full[STAGES], empty[STAGES];
+  if (threadIdx.x < STAGES) {
+    mbar_init(&full[threadIdx.x], THREADS);
+    mbar_init(&empty[threadIdx.x], THREADS);
+  }
+  // the block's rows that hold slots (its expert's come first, then padding): the wgmmas
+  // multiply only the 32-row groups that hold any (an expert's last block is mostly part full)
+  const int rows = __syncthreads_count(threadIdx.x < BLOCK &&
+                                       sorted_ids[blk * BLOCK + threadIdx.x] < num_slots);
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s)
+    if (s < ITERS) {
+      issue_weights(s);
+      issue_rows(s);
+      cp_async_mbar_arrive(&full[s]);
+    }
+
+  // the K loop whose wgmmas multiply the block's first N rows
+  // (the accumulators are zeroed here, and those past N after the loop: zeroed before the
+  // branch, ptxas serializes the wgmmas)
+  auto k_loop = [&](auto n_rows) {
+    constexpr int N = decltype(n_rows)::value;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < ITERS; ++i) {
+      const int slot = i % STAGES;
+      mbar_wait(&full[slot], (i / STAGES) & 1);
+      fence_proxy_async();                 // the copies, where the tensor cores will read them
+      const unsigned char* st = smem + slot * STAGE_BYTES;
+      // the warp's weight words of every step of the stage (word `subtile` of each lane's 16
+      // bytes of its tile), read before the copies are issued
+      unsigned words[KS];
+#pragma unroll
+      for (int sub = 0; sub < KS; ++sub)
+        words[sub] = *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 +
+                                                        4 * subtile);
+      const int next = i + AHEAD;
+      if (next < ITERS) {                  // into the slot of stage next - STAGES, once consumed
+        if (next >= STAGES) mbar_wait(&empty[next % STAGES], (next / STAGES - 1) & 1);
+        issue_weights(next);
+        issue_rows(next);
+        cp_async_mbar_arrive(&full[next % STAGES]);
+      }
+      if (i % GROUP_ITERS == 0)            // a scale group starts: its scales are in stage i
+        scale_now = *reinterpret_cast<const half2*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
+                                                     4 * subtile);
+#pragma unroll
+      for (int sub = 0; sub < KS; ++sub) {
+        wgmma_wait<1>();                   // frag[sub % 2]'s last wgmma is done
+        // ... and with sub = 1 every wgmma of stage i - 1 (a predicated arrive: a branch
+        // between the wgmmas makes ptxas serialize them)
+        if (sub == 1) mbar_arrive_if(&empty[(i + STAGES - 1) % STAGES], i > 0);
+        unsigned (&f)[4] = frag[sub % 2];
+        half2 h[4];
+        dequant8(words[sub], h);
+        scale_frag(h, scale_now);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) f[r] = *reinterpret_cast<const unsigned*>(&h[r]);
+        // B: rows 0 .. N - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
+        const unsigned long long desc =
+            wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
+        wgmma_fence();
+        wgmma_f16<N>(reinterpret_cast<float(&)[N / 2]>(acc), f, desc);
+        wgmma_commit();
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) reg_fence(acc[j]);
+#pragma unroll
+    for (int j = N / 2; j < BLOCK / 2; ++j) acc[j] = 0.0f;
+  };
+  if (rows > BLOCK - 32) {
+    k_loop(Rows<BLOCK>());
+  } else if constexpr (BLOCK == 128) {
+    if (rows > 64) k_loop(Rows<96>());
+    else if (rows > 32) k_loop(Rows<64>());
+    else k_loop(Rows<32>());
+  } else {
+    k_loop(Rows<32>());
+  }
+  __syncthreads();                         // the ring is free: the outputs reuse it
+
+  // the accumulators as fp32 rows of each column tile: red[tile][row][column]
+  float* red = reinterpret_cast<float*>(smem);
+  {
+    float* mine = red + wg * BLOCK * RED_ROW + 16 * subtile + lane / 4;
+#pragma unroll
+    for (int q = 0; q < BLOCK / 8; ++q)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        mine[(8 * q + 2 * (lane % 4) + (c & 1)) * RED_ROW + (c >= 2 ? 8 : 0)] = acc[4 * q + c];
+  }
+  __syncthreads();
+  constexpr int OUT_CHUNKS = (EPILOGUE == 1 ? 32 : 64) / 8;   // 16-byte pieces of a tile's row
+  for (int x = threadIdx.x; x < COLT * BLOCK * OUT_CHUNKS; x += THREADS) {
+    const int ch = x % OUT_CHUNKS, r = x / OUT_CHUNKS % BLOCK, t = x / (OUT_CHUNKS * BLOCK);
+    const int slot = sorted_ids[blk * BLOCK + r];
+    if (slot >= num_slots) continue;
+    const int tile = col_tile * COLT + t;
+    const float* row = red + (t * BLOCK + r) * RED_ROW;
+    int col;
+    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
+    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
+      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
+    else col = tile * 64 + 8 * ch;
+    if (col >= NOUT) continue;
+    const float weight = MUL_WEIGHTS ? weights_flat[blk * BLOCK + r] : 1.0f;
+    uint4 packed;
+    half* h = reinterpret_cast<half*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (EPILOGUE == 1)         // SwiGLU: columns 0..31 gate, 32..63 up
+        h[j] = __float2half_rn(silu(row[8 * ch + j]) * row[8 * ch + j + 32]);
+      else if constexpr (MUL_WEIGHTS)
+        h[j] = __float2half_rn(row[8 * ch + j] * weight);
+      else
+        h[j] = __float2half_rn(row[8 * ch + j]);
+    }
+    *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) = packed;
+  }
+
+  if constexpr (SUM_TOPK > 0) {
+    // the last of the column tile's CTAs to arrive sums the tile for every token
+    __shared__ int last_cta;
+    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
+    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
+    const int tokens = num_slots / SUM_TOPK;
+    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
+      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
+      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
+    }
+  }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

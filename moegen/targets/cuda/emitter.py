@@ -14,7 +14,7 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
-                           wide_split_fill_ctas)
+                           tall_shared_bytes, wide_split_fill_ctas)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -84,9 +84,9 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         single = starts_with_single_token_bucket(buckets)
         per_bucket = zip(buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
                          tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"],
-                         tile["split_many"])
+                         tile["split_many"], tile["tall"])
         for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas,
-                many) in enumerate(per_bucket):
+                many, tall) in enumerate(per_bucket):
             one_token = single and i == 0
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
@@ -102,7 +102,9 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # named by what varies; k per stage and warps only where they are not the defaults;
             # the wide CTA (cols > 1 column tiles, warps from its shape) by its column tiles
             # and rows per warp
-            if cols > 1:
+            if tall:
+                kernel = f"moe_gemm_{g.name}_b{block}_c{cols}_tall_p{stages}_k{block_k}"
+            elif cols > 1:
                 kernel = (f"moe_gemm_{g.name}_b{block}_c{cols}_r{rows}_p{stages}_k{block_k}"
                           + (f"_s{many}or{split}" if many != split else
                              f"_s{split}" if split > 1 else "") + ("_wg" if wg else "")
@@ -118,7 +120,11 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                "fill_ctas": wide_split_fill_ctas(ctas) if many != split else 0,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
-                               "ctas_per_sm": ctas, "follows_from": follows_from,
+                               "ctas_per_sm": ctas, "tall": tall,
+                               # dynamic shared memory of the launch (0: static only)
+                               "shared_bytes": (tall_shared_bytes(block, stages, block_k)
+                                                if tall else 0),
+                               "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
                                "kernel": kernel})
@@ -193,6 +199,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles // v["col_tiles"],
                         v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
+               **({"shared_bytes": v["shared_bytes"]} if v["shared_bytes"] else {}),
                **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"}
                   if v["follows_from"] is not None else {})}
               for g in gemms for v in g.variants],

@@ -97,6 +97,20 @@ def compile_program(program: CudaProgram, arch: str, stem: str):
                            f"{exc}") from None
 
 
+def load_kernel(cp, module, name: str, shared_bytes: int, hint: str):
+    """The module's kernel `name`, allowed `shared_bytes` of dynamic shared memory (past 48 KB a
+    kernel must opt in); an error naming the kernel, the bytes and `hint` where this GPU gives a
+    CTA less."""
+    most = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if shared_bytes > most:
+        raise ValueError(f"{name}: needs {shared_bytes} bytes of shared memory, this GPU gives a "
+                         f"CTA at most {most} ({hint})")
+    fn = module.get_function(name)
+    if shared_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = shared_bytes
+    return fn
+
+
 def as_device(cp, value, name: str, dtype, shape: tuple | None = None):
     """A CuPy view of a CuPy array or DLPack tensor (no copy); checks dtype, shape, layout."""
     if isinstance(value, cp.ndarray):
@@ -181,9 +195,10 @@ class MoeW4A16:
         self.program = emit_moe(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
-        self.kernels = {}
-        for k in self.plan["kernels"]:
-            self.kernels[k["name"]] = self.module.get_function(k["name"])
+        self.kernels = {k["name"]: load_kernel(cp, self.module, k["name"],
+                                               k.get("shared_bytes", 0), "tile{tall=0} keeps "
+                                               "the wide CTA, which needs less")
+                        for k in self.plan["kernels"]}
         self.threads = {k["name"]: k["block"] for k in self.plan["kernels"]}   # per CTA
         ws = self.plan["workspace"]
         self.workspace = cp.zeros(ws["bytes"], dtype=cp.uint8)   # once; counters start at 0
@@ -308,7 +323,8 @@ class MoeW4A16:
                     launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
                                           stream)
                 else:
-                    self.kernels[v["kernel"]](grid, (v["warps"] * 32,), args)
+                    self.kernels[v["kernel"]](grid, (v["warps"] * 32,), args,
+                                              shared_mem=v["shared_bytes"])
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
                     act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
                     n = slots * m.intermediate_size
@@ -347,15 +363,9 @@ class MsdMatmul:
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
         self.kernels = {}
-        most = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
         for k in self.plan["kernels"]:
-            if k["shared_bytes"] > most:
-                raise ValueError(f"{k['name']}: needs {k['shared_bytes']} bytes of shared memory, "
-                                 f"this GPU gives a CTA at most {most} (tile{{block-n=...}} with "
-                                 f"fewer columns needs less)")
-            fn = self.module.get_function(k["name"])
-            if k["shared_bytes"] > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = k["shared_bytes"]
+            fn = load_kernel(cp, self.module, k["name"], k["shared_bytes"],
+                             "tile{block-n=...} with fewer columns needs less")
             self.kernels[k["name"].rsplit("_", 1)[1]] = (fn, k)
         s = self.spec.msd
         self.out = cp.empty((s.m, s.n), dtype=cp.float16)
