@@ -1212,6 +1212,45 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
+// The block's activation rows as the warpgroup MMA's B operand: a stage's KS k16 steps of the
+// BLOCK rows, 2 KS chunks of 16 bytes a row, stored chunk-major (k8 chunk c of row r at
+// (c BLOCK + r) x 16 bytes: the B descriptor's layout without swizzle). The CTA's THREADS
+// threads copy chunk q THREADS + thread (part c % CHUNKS of row c / CHUNKS: a warp reads whole
+// 64-byte row pieces); padding rows copy 0 bytes and zero-fill.
+template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
+struct ChunkMajorRows {
+  static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
+  static constexpr int COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
+  const half* row[COPIES];
+  unsigned bytes[COPIES];
+
+  __device__ __forceinline__ ChunkMajorRows(const half* __restrict__ a,
+                                            const int* __restrict__ sorted_ids, int blk,
+                                            int num_slots) {
+#pragma unroll
+    for (int q = 0; q < COPIES; ++q) {
+      const int c = chunk(q);
+      const int slot = copies(q) ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
+      bytes[q] = slot < num_slots ? 16u : 0u;
+      row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+    }
+  }
+  __device__ __forceinline__ static int chunk(int q) { return q * THREADS + threadIdx.x; }
+  __device__ __forceinline__ static bool copies(int q) {
+    return A_CHUNKS % THREADS == 0 || chunk(q) < A_CHUNKS;
+  }
+  // the chunk's offset in a stage's rows
+  __device__ __forceinline__ static unsigned offset(int q) {
+    return 16 * ((chunk(q) % CHUNKS) * BLOCK + chunk(q) / CHUNKS);
+  }
+  // copy k16 steps step .. step + KS - 1 into a stage's rows at `dst`
+  __device__ __forceinline__ void copy(unsigned char* dst, int step) const {
+#pragma unroll
+    for (int q = 0; q < COPIES; ++q)
+      if (copies(q)) cp_async16_zfill(dst + offset(q), row[q] + step * 16, bytes[q]);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM on warpgroup MMA (sm_90a): the wide CTA's tile (BLOCK rows
 // of one expert x COLT = 4 or 8 column tiles of 64, over the whole K or one of SPLIT ranges of
@@ -1270,20 +1309,10 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tile = col_tile * COLT + warp;             // the column tile warp w dequantizes
 
-  // copies of one stage: the weights by copy_weight_stage; activation chunk c is part
-  // c % CHUNKS of row c / CHUNKS (a warp reads whole 64-byte row pieces), stored chunk-major
-  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
-  constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
-  const half* copy_row[A_COPIES];
-  unsigned copy_bytes[A_COPIES];
-#pragma unroll
-  for (int q = 0; q < A_COPIES; ++q) {
-    const int c = q * THREADS + threadIdx.x;
-    const bool copies = A_CHUNKS % THREADS == 0 || c < A_CHUNKS;
-    const int slot = copies ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
-    copy_bytes[q] = slot < num_slots ? 16u : 0u;
-    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
-  }
+  // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
+  using BlockRows = ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV>;
+  constexpr int A_COPIES = BlockRows::COPIES;
+  const BlockRows block_rows(a, sorted_ids, blk, num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const uint4* s_cta = scales + (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
   // PIN_ADDRESSES: this thread's copy addresses are pinned in registers (ptxas, capped at 128
@@ -1297,10 +1326,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     w_thread = pinned(w_cta + (size_t)it0 * KS * NTILES * 32 + threadIdx.x);
     w_dst = pinned(smem_addr(smem) + 16 * threadIdx.x);
 #pragma unroll
-    for (int q = 0; q < A_COPIES; ++q) {
-      const int c = q * THREADS + threadIdx.x;
-      row_dst[q] = pinned(smem_addr(smem) + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS));
-    }
+    for (int q = 0; q < A_COPIES; ++q)
+      row_dst[q] = pinned(smem_addr(smem) + W_BYTES + BlockRows::offset(q));
   }
   // copy iteration i's k16 steps into its stage: the weights (and a group's scales), then the
   // rows
@@ -1318,18 +1345,15 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
   };
   auto issue_rows = [&](int i) {
-    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     const int step = (it0 + i) * KS;
+    if constexpr (PIN_ADDRESSES) {
 #pragma unroll
-    for (int q = 0; q < A_COPIES; ++q) {
-      const int c = q * THREADS + threadIdx.x;
-      if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
-      if constexpr (PIN_ADDRESSES)
-        cp_async16_zfill_at(row_dst[q] + (i % STAGES) * STAGE_BYTES, copy_row[q] + step * 16,
-                            copy_bytes[q]);
-      else
-        cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
-                         copy_row[q] + step * 16, copy_bytes[q]);
+      for (int q = 0; q < A_COPIES; ++q)
+        if (BlockRows::copies(q))
+          cp_async16_zfill_at(row_dst[q] + (i % STAGES) * STAGE_BYTES,
+                              block_rows.row[q] + step * 16, block_rows.bytes[q]);
+    } else {
+      block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, step);
     }
   };
   auto issue = [&](int i) {
@@ -1424,7 +1448,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 
 // a row count as a type (the tall tile's K loop, instantiated per wgmma width)
 template <int N>
-struct Rows {
+struct RowCount {
   static constexpr int value = N;
 };
 
@@ -1468,20 +1492,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, subtile = warp % 4;   // column tile wg of the CTA's, 16 columns of it
 
-  // copies of one stage: the weights by copy_weight_stage; activation chunk c is part
-  // c % CHUNKS of row c / CHUNKS, stored chunk-major (the wgmma B layout)
-  constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
-  constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;
-  const half* copy_row[A_COPIES];
-  unsigned copy_bytes[A_COPIES];
-#pragma unroll
-  for (int q = 0; q < A_COPIES; ++q) {
-    const int c = q * THREADS + threadIdx.x;
-    const bool copies = A_CHUNKS % THREADS == 0 || c < A_CHUNKS;
-    const int slot = copies ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
-    copy_bytes[q] = slot < num_slots ? 16u : 0u;
-    copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
-  }
+  // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
+  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk,
+                                                                      num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const uint4* s_cta = scales + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
   auto issue_weights = [&](int i) {
@@ -1491,14 +1504,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
   };
   auto issue_rows = [&](int i) {
-    unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
-#pragma unroll
-    for (int q = 0; q < A_COPIES; ++q) {
-      const int c = q * THREADS + threadIdx.x;
-      if (A_CHUNKS % THREADS != 0 && c >= A_CHUNKS) continue;
-      cp_async16_zfill(st + W_BYTES + 16 * ((c % CHUNKS) * BLOCK + c / CHUNKS),
-                       copy_row[q] + i * KS * 16, copy_bytes[q]);
-    }
+    block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, i * KS);
   };
 
   // acc[4 q + c]: column 16 subtile + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
@@ -1583,13 +1589,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     for (int j = N / 2; j < BLOCK / 2; ++j) acc[j] = 0.0f;
   };
   if (rows > BLOCK - 32) {
-    k_loop(Rows<BLOCK>());
+    k_loop(RowCount<BLOCK>());
   } else if constexpr (BLOCK == 128) {
-    if (rows > 64) k_loop(Rows<96>());
-    else if (rows > 32) k_loop(Rows<64>());
-    else k_loop(Rows<32>());
+    if (rows > 64) k_loop(RowCount<96>());
+    else if (rows > 32) k_loop(RowCount<64>());
+    else k_loop(RowCount<32>());
   } else {
-    k_loop(Rows<32>());
+    k_loop(RowCount<32>());
   }
   __syncthreads();                         // the ring is free: the outputs reuse it
 
