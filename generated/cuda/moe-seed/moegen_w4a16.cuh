@@ -854,6 +854,36 @@ __device__ __forceinline__ int call_split(int total) {
   else return total / BLOCK * COL_CTAS * SPLIT_MANY < FILL_CTAS ? SPLIT : SPLIT_MANY;
 }
 
+// The output column of 16-byte piece `ch` of a wide CTA's row of column tile `tile`: SwiGLU's
+// 32 columns of the tile; or 64 columns, gate/up's (PERM_GATE_UP: 0..31 gate, 32..63 up) or
+// the tile's own.
+template <int EPILOGUE, bool PERM_GATE_UP, int NOUT>
+__device__ __forceinline__ int wide_out_column(int tile, int ch) {
+  if constexpr (EPILOGUE == 1) return tile * 32 + 8 * ch;
+  else if constexpr (PERM_GATE_UP)
+    return ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
+  else return tile * 64 + 8 * ch;
+}
+
+// SUM_TOPK (fuse-topk-sum): once every moe block's CTA of column tile `col_tile` (COLT 64-column
+// tiles) has written its rows, the last to arrive sums the tile for every token, in k order
+// (topk_sum_chunk)
+template <int BLOCK, int COLT, int THREADS, int NOUT, int SUM_TOPK>
+__device__ __forceinline__ void sum_topk_when_last(half* __restrict__ out,
+                                                   half* __restrict__ sum_out,
+                                                   int* __restrict__ sum_counters, int col_tile,
+                                                   const int* __restrict__ total_ptr,
+                                                   int num_slots) {
+  __shared__ int last_cta;
+  if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
+  constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
+  const int tokens = num_slots / SUM_TOPK;
+  for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
+    const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
+    if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
+  }
+}
+
 // The wide CTAs' epilogue: each warp's accumulators (acc[t][nt]: columns 16 t .. 16 t + 15 of
 // its 64-column tile, rows row0 + 8 nt .. + 7) as fp16 into shared memory (SwiGLU, or times the
 // routing weight), then out in 16-byte pieces; padding rows write nothing. SUM_TOPK > 0: the
@@ -868,7 +898,6 @@ __device__ __forceinline__ void wide_epilogue(
     half* __restrict__ sum_out, int* __restrict__ sum_counters) {
   constexpr int NT = WARP_ROWS / 8, THREADS = 32 * COLT * (BLOCK / WARP_ROWS);
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
-  __shared__ int last_cta;
   const int blk = blockIdx.x, col_tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   half* rows_out = reinterpret_cast<half*>(smem) + warp * WARP_ROWS * OUT_ROW;
@@ -898,26 +927,15 @@ __device__ __forceinline__ void wide_epilogue(
     const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
     const int slot = sorted_ids[blk * BLOCK + row0 + r];
     if (slot >= num_slots) continue;
-    int col;
-    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
-    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
-      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
-    else col = tile * 64 + 8 * ch;
+    const int col = wide_out_column<EPILOGUE, PERM_GATE_UP, NOUT>(tile, ch);
     if (col >= NOUT) continue;
     *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) =
         *reinterpret_cast<const uint4*>(rows_out + r * OUT_ROW + 8 * ch);
   }
 
-  if constexpr (SUM_TOPK > 0) {
-    // the last of the column tile's CTAs to arrive sums the tile for every token
-    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
-    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
-    const int tokens = num_slots / SUM_TOPK;
-    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
-      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
-      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
-    }
-  }
+  if constexpr (SUM_TOPK > 0)
+    sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
+                                                              total_ptr, num_slots);
 }
 
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
@@ -1617,11 +1635,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     if (slot >= num_slots) continue;
     const int tile = col_tile * COLT + t;
     const float* row = red + (t * BLOCK + r) * RED_ROW;
-    int col;
-    if constexpr (EPILOGUE == 1) col = tile * 32 + 8 * ch;
-    else if constexpr (PERM_GATE_UP)       // columns 0..31 gate, 32..63 up
-      col = ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
-    else col = tile * 64 + 8 * ch;
+    const int col = wide_out_column<EPILOGUE, PERM_GATE_UP, NOUT>(tile, ch);
     if (col >= NOUT) continue;
     const float weight = MUL_WEIGHTS ? weights_flat[blk * BLOCK + r] : 1.0f;
     uint4 packed;
@@ -1638,17 +1652,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) = packed;
   }
 
-  if constexpr (SUM_TOPK > 0) {
-    // the last of the column tile's CTAs to arrive sums the tile for every token
-    __shared__ int last_cta;
-    if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
-    constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
-    const int tokens = num_slots / SUM_TOPK;
-    for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
-      const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
-      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
-    }
-  }
+  if constexpr (SUM_TOPK > 0)
+    sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
+                                                              total_ptr, num_slots);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
