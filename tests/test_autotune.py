@@ -185,8 +185,8 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
     assert at.default_config(mixtral, 512) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
-    # from T = 1024 (256 slots an expert) the tall tile: block 128, 64 k a stage
-    assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 64, 4, col_tiles=4)
+    # from T = 1024 (256 slots an expert) the tall tile: block 128, 128 k a stage
+    assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
     assert not at.same_tile(at.default_config(mixtral, 512), at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4)

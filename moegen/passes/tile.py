@@ -144,14 +144,17 @@ WIDE_DECODE_SLOTS = 13
 # chosen per call; ...").
 WIDE_SPLIT_FILL = 0.9
 # Prefill calls whose average expert gets TALL_SLOTS slots or more take the tall tile: blocks of
-# TALL_BLOCK (moegen/build.py) rows x 4 column tiles, a warpgroup a column tile, each warp's dequantized weights
-# serving every row of the block (grouped_gemm_wgmma_tall). Measured on the H200 against the
-# wide CTA (block 32), Mixtral: T = 2048 (512 slots an expert) 3340-3361 against 3769-3841 us,
-# T = 1024 1885-1897 against 2008-2022, T = 512 1304 against 1171 (slower); Qwen3 and DeepSeek
-# at T = 2048 (128 and 192 slots) 637 against 588 and 689 against 692 (docs/PERF.md, "The tall
-# tile").
+# TALL_BLOCK (moegen/build.py) rows x 4 column tiles, a warpgroup a column tile, each warp's
+# dequantized weights serving every row of the block (grouped_gemm_wgmma_tall), 4 ring stages
+# of 128 k. Measured on the H200 against the wide CTA (block 32; docs/PERF.md, "The tall
+# tile"), at 64 k a stage: Mixtral T = 1024 (256 slots an expert) 1880 against 2013 us, 2048
+# 3338 against 3821, 4096 6361 against 8346; DeepSeek T = 2731 903 against 905, 4096 1251
+# against 1317; Qwen3 T = 4096 1107 against 1093 (1.3% slower), 8192 2024 against 2113;
+# slower below 256 slots (Mixtral T = 512 1304 against 1171, Qwen3 T = 2048 637 against 588).
+# 128 k a stage: 3% faster than 64 k at Mixtral T = 2048, 4% at 1024; 2 or 3 stages, 32 k a
+# stage, 2 column tiles a CTA (2 CTAs an SM) and 3 wgmmas in flight were slower.
 TALL_SLOTS = 256
-TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 64, "stages": 4}
+TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 128, "stages": 4}
 SHARED_OPT_IN = 227 * 1024   # dynamic shared memory a CTA may have on sm_90 (the tall tile's)
 
 
@@ -210,6 +213,16 @@ def tall_edge(spec) -> int | None:
     fits = all(n % 64 == 0 and (n // 64) % TALL_TILE["col_tiles"] == 0
                for n in (2 * m.intermediate_size, m.hidden_size))
     return edge if fits and DECODE_MAX_TOKENS < edge <= spec.tokens.max else None
+
+
+def tall_block_k(group: int) -> int:
+    """k a ring stage of the tall tile: TALL_TILE's, or the group where that is smaller (a
+    stage's k16 steps share a scale group; groups are 32 k or more, so they come in pairs, as
+    the alternating A fragments need)."""
+    bk = TALL_TILE["block_k"]
+    while group % bk:
+        bk //= 2
+    return bk
 
 
 def moe_buckets(spec, fixed: int | None, tall: bool = True) -> list[list[int]]:
@@ -333,15 +346,22 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
             and stages >= 3)
 
 
+def tall_wide_block_k(block_k: int) -> int:
+    """k a ring stage of the wide CTA that runs a tall-tile bucket where the GPU has no warpgroup
+    MMA: at most 64 (at 128, 16 warps of mma.sync spill at the 128-register cap on sm_90)."""
+    return min(block_k, 64)
+
+
 def tall_shared_bytes(block: int, stages: int, block_k: int) -> int:
     """Dynamic shared memory of a tall-tile GEMM kernel: the larger of the tall tile's (its ring,
     or the block's fp32 outputs of 4 column tiles, rows padded by 4 words) and that of the wide
     CTA in its place where the GPU has no warpgroup MMA (its ring, or its warps' fp16 output
     rows)."""
-    ks, cols = block_k // 16, TALL_TILE["col_tiles"]
+    ks, wide_ks, cols = block_k // 16, tall_wide_block_k(block_k) // 16, TALL_TILE["col_tiles"]
     tall = max(stages * (cols * (ks * 512 + SCALE_BYTES) + block * ks * 32),
                cols * block * (64 + 4) * 4)
-    wide = max(stages * (cols * (ks * 512 + SCALE_BYTES) + block * (32 * ks + RING_ROW_PAD)),
+    wide = max(stages * (cols * (wide_ks * 512 + SCALE_BYTES)
+                         + block * (32 * wide_ks + RING_ROW_PAD)),
                cols * block * (64 + 8) * 2)
     return max(tall, wide)
 
@@ -620,13 +640,14 @@ class TilePass(Pass):
                 # wide CTA of the same block and columns, one warp per 32 rows of a column tile)
                 col_tiles.append(TALL_TILE["col_tiles"])
                 warp_rows.append(TALL_TILE["warp_rows"])
-                block_k[i] = TALL_TILE["block_k"]
+                block_k[i] = tall_block_k(spec.quant.group_size)
                 warps[i] = TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"]
+                # (stages=N is the most, as for the other tiles: fewer where the shared memory
+                # would not hold them, and 3 at least)
                 stages[i] = max(3, self.option("stages") or TALL_TILE["stages"])
-                if tall_shared_bytes(block, stages[i], block_k[i]) > SHARED_OPT_IN:
-                    raise PipelineError(f"tile{{stages={stages[i]}}}: the tall tile's ring would "
-                                        f"need {tall_shared_bytes(block, stages[i], block_k[i])} "
-                                        f"bytes of shared memory (at most {SHARED_OPT_IN})")
+                while stages[i] > 3 and tall_shared_bytes(block, stages[i],
+                                                          block_k[i]) > SHARED_OPT_IN:
+                    stages[i] -= 1
                 wgmma.append(True)
                 ctas_per_sm.append(0)
                 continue

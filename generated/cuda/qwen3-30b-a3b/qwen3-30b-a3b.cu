@@ -309,13 +309,13 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
-// gate_up: K = 2048, 24 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each, 4 ring stages of 64 k, 139264 bytes of dynamic shared memory: warpgroup MMA where compiled for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each) on mma.sync
+// gate_up: K = 2048, 24 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on mma.sync
 extern "C" __global__ void __launch_bounds__(512)
-moe_gemm_gate_up_b128_c4_tall_p4_k64(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_gate_up_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 2048, 24, 768, 128, 4, 4, 8, 1, true, false>(
+  moegen::grouped_gemm_wgmma_tall<128, 2048, 24, 768, 128, 4, 8, 8, 1, true, false>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 2048, 24, 768, 128, 4, 4, 8, 1, true, false, 0, 1, 1, 0, true>(
@@ -346,13 +346,13 @@ moe_gemm_down_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4* s
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
-// down: K = 768, 32 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each, 4 ring stages of 64 k, 139264 bytes of dynamic shared memory: warpgroup MMA where compiled for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each) on mma.sync
+// down: K = 768, 32 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on mma.sync
 extern "C" __global__ void __launch_bounds__(512)
-moe_gemm_down_b128_c4_tall_p4_k64(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 768, 32, 2048, 128, 4, 4, 1, 0, false, true>(
+  moegen::grouped_gemm_wgmma_tall<128, 768, 32, 2048, 128, 4, 8, 1, 0, false, true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 768, 32, 2048, 128, 4, 4, 1, 0, false, true, 0, 1, 1, 0, true>(

@@ -14,7 +14,7 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
-                           tall_shared_bytes, wide_split_fill_ctas)
+                           tall_shared_bytes, tall_wide_block_k, wide_split_fill_ctas)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -124,6 +124,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                # dynamic shared memory of the launch (0: static only)
                                "shared_bytes": (tall_shared_bytes(block, stages, block_k)
                                                 if tall else 0),
+                               # (the wide CTA in a tall tile's place: k16 steps a stage)
+                               "wide_ks": tall_wide_block_k(block_k) // 16 if tall else 0,
                                "follows_from": follows_from,
                                "release_after_loop": g.name == "gate_up" and one_token
                                                      and cols == 1,
