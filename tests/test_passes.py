@@ -312,6 +312,12 @@ def test_tall_tile_in_large_prefill_buckets():
     # 2 I = 320 columns: 5 tiles, not whole CTAs of 4
     odd = moegen.load_spec(gpu_cases.moe_spec(256, 160, 8, 2, tokens_max=4096, group=32))
     assert not any(any(t["tall"]) for t in gemm_tiles(odd))
+    # a tuning entry may give block 128 only where the tall tile fits
+    entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [4096, 128, 1, 4, 1, 16, 4]]}
+    ctx_tuning = type("Entry", (), {"lookup": lambda self, spec, target: entry})()
+    with pytest.raises(PipelineError, match=r"tuning entry: a bucket of block 128 \(the tall "
+                                            r"tile\) needs the weight's 320 columns in whole CTAs"):
+        lower(odd, "cuda", tuning=ctx_tuning)
     # groups of 64 or 32 k: a stage holds one group
     for group in (64, 32):
         tiles = gemm_tiles(moegen.load_spec(gpu_cases.moe_spec(256, 128, 8, 2, tokens_max=4096,

@@ -54,6 +54,12 @@ MoE (`moe_w4a16`):
   the three example models (docs/PERF.md). ``wgmma`` (per bucket): the wide tile on warpgroup
   MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
   stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
+  From the call whose average expert gets TALL_SLOTS (256) slots (Mixtral T = 1024) a last
+  bucket of block TALL_BLOCK (128) takes the tall tile (``tall`` per bucket): 4 column tiles,
+  a warpgroup each, 4 stages of 128 k (the group where smaller), dynamic shared memory; where
+  the GPU has no warpgroup MMA the same kernel is the wide CTA of that block (16 warps of 32
+  rows, 64 k a stage). ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols`` or ``warp-rows``
+  keep the wide CTA there; a tuning entry's bucket of block 128 is the tall tile.
 - Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
   order-preserving integer keys, two per pick; measured 1 to 1.4 us faster than shuffle per
   decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
@@ -636,6 +642,10 @@ class TilePass(Pass):
         for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
             tall.append(block == TALL_BLOCK)
             if block == TALL_BLOCK:
+                if ntiles % TALL_TILE["col_tiles"] or n % GEMM_TILE["block_n"]:
+                    raise PipelineError(f"tuning entry: a bucket of block {TALL_BLOCK} (the tall "
+                                        f"tile) needs the weight's {n} columns in whole CTAs of "
+                                        f"{TALL_TILE['col_tiles']} tiles of 64")
                 # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
                 # wide CTA of the same block and columns, one warp per 32 rows of a column tile)
                 col_tiles.append(TALL_TILE["col_tiles"])
