@@ -1476,11 +1476,13 @@ struct RowCount {
 // multiplies column tile c, its warp w dequantizing 16-column subtile w of it (one packed word
 // a lane and k16 step) for one wgmma of 64 columns x BLOCK rows x k16 a step. Each dequantized
 // weight serves BLOCK rows (32 in the wide CTA's tile) and each staged row 256 columns, as
-// there. Ring, copies and group scales are the wide warpgroup CTA's (every thread copies,
-// STAGES - 2 stages ahead; the stage before the current one may still be read by a running
-// wgmma). A tile's gate and up columns sit in different warps, so the accumulators go through
-// shared memory as fp32 into the epilogue. Dynamic shared memory: the larger of the ring and
-// the staged outputs (tall_shared_bytes in the tile pass).
+// there. The ring's stages are laid out as the wide warpgroup CTA's (weights, chunk-major rows,
+// a group's scales); every thread copies, STAGES - 2 stages ahead (the stage before the current
+// one may still be read by a running wgmma), and mbarriers, not CTA barriers, say when a stage
+// has landed and when every warp is done with it. The wgmmas multiply only the 32-row groups
+// that hold slots. A tile's gate and up columns sit in different warps, so the accumulators go
+// through shared memory as fp32 into the epilogue. Dynamic shared memory: the larger of the
+// ring and the staged outputs (tall_shared_bytes in the tile pass).
 template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
           int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
 __device__ __forceinline__ void grouped_gemm_wgmma_tall(
