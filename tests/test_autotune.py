@@ -205,6 +205,26 @@ def test_default_config_is_recognised_in_the_sweep():
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1))
 
 
+def test_a_kept_tall_default_is_the_tall_tile_again(tmp_path):
+    """Autotune records the default where no candidate beats it; at prefill sizes from 256
+    slots an expert that is the tall tile (block 128), which the recorded entry gives back."""
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    results = [{"tokens": t, "config": at.default_config(mixtral, t).as_dict(), "time_us": 1.0,
+                "default_us": 1.0, "checked": True} for t in (64, 2048)]
+    assert results[1]["config"]["moe_block"] == 128
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(mixtral, H200, results)
+    module = lower(mixtral, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    for op in module.function().ops:
+        if op.NAME == "moe.grouped_gemm_w4a16":
+            tile = op.attrs["tile"]
+            assert op.attrs["block_buckets"][-1] == [8192, 128]
+            assert (tile["tall"][-1], tile["block_k"][-1], tile["stages"][-1]) == (True, 128, 4)
+            assert not tile["tall"][0]
+    plan = emit_moe(mixtral, module, "tuned").plan
+    assert plan["gemms"][0]["variants"][-1]["kernel"].endswith("_tall_p4_k128")
+
+
 def test_sweep_covers_k_per_stage_and_warps_default_first():
     space = at.config_space(QWEN, 1)
     tiles = [(c.block_k, c.warps) for c in space]

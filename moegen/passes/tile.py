@@ -652,9 +652,9 @@ class TilePass(Pass):
                 warp_rows.append(TALL_TILE["warp_rows"])
                 block_k[i] = tall_block_k(spec.quant.group_size)
                 warps[i] = TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"]
-                # (stages=N is the most, as for the other tiles: fewer where the shared memory
-                # would not hold them, and 3 at least)
-                stages[i] = max(3, self.option("stages") or TALL_TILE["stages"])
+                # (stages=N or the entry's is the most, as for the other tiles: fewer where the
+                # shared memory would not hold them, and 3 at least)
+                stages[i] = max(3, pick("stages", b, 3, TALL_TILE["stages"]))
                 while stages[i] > 3 and tall_shared_bytes(block, stages[i],
                                                           block_k[i]) > SHARED_OPT_IN:
                     stages[i] -= 1
