@@ -185,11 +185,11 @@ def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     would need."""
     import json
     from moegen.passes.manager import PipelineError
-    from moegen.passes.tile import MSD_SHARED_LIMIT
+    from moegen.passes.tile import SHARED_OPT_IN
     big = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=64, n=4096, k=4096))
     plan = json.loads(emit(big, "cuda")[f"{big.name}.launch.json"])
     assert (plan["tile"]["block_n"], plan["tile"]["cube_warps"], plan["tile"]["w_stages"]) == (64, 1, 2)
-    assert max(k["shared_bytes"] for k in plan["kernels"]) <= MSD_SHARED_LIMIT
+    assert max(k["shared_bytes"] for k in plan["kernels"]) <= SHARED_OPT_IN
     small = json.loads(emit(SEED, "cuda")[f"{SEED.name}.launch.json"])
     assert (small["tile"]["block_n"], small["tile"]["cube_warps"]) == (128, 2)
     with pytest.raises(PipelineError, match=r"tile\{block-n=64\}: .* would need \d+ bytes of "

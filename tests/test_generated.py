@@ -340,9 +340,8 @@ def test_fused_topk_sum_plan():
         call = (r"false, 2, true>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
                 else wide + r"a, w, .*out,\s*sum_out, sum_counters\);")
         if v["tall"]:   # the tall tile, else the wide CTA of its block in dynamic shared memory
-            call = (r"grouped_gemm_wgmma_tall<.*true, 2>\(\s*a, w, .*out,\s*sum_out, sum_counters\);"
-                    r"\s*#else\s*moegen::grouped_gemm_wide<.*true, 2, 1, 1, 0, true>\(\s*a, w, .*out,"
-                    r"\s*sum_out, sum_counters\);")
+            call = (r"grouped_gemm_wgmma_tall<.*true, 2>\(\s*#else\s*moegen::grouped_gemm_wide<"
+                    r".*true, 2, 1, 1, 0, true>\(\s*#endif\s*a, w, .*out,\s*sum_out, sum_counters\);")
         assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:

@@ -104,6 +104,7 @@ NARROW_MAX_SLOTS = 8       # above T = 64, block 8 while an average expert gets 
 PREFILL_BLOCK = 32
 GEMM_TILE = {"block_n": 64, "block_k": 16, "warps": 4, "stages": 8}
 SHARED_PER_CTA = 48 * 1024  # static shared memory a CTA may declare
+SHARED_OPT_IN = 227 * 1024  # dynamic shared memory a CTA may opt in to on sm_90 (MSD, tall tile)
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SCALE_BYTES = 128           # a 64-column tile's scales of a group in a copy ring (SCALE_STAGE_BYTES)
 SM_COUNT = 132             # H100/H200
@@ -161,7 +162,6 @@ WIDE_SPLIT_FILL = 0.9
 # stage, 2 column tiles a CTA (2 CTAs an SM) and 3 wgmmas in flight were slower.
 TALL_SLOTS = 256
 TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 128, "stages": 4}
-SHARED_OPT_IN = 227 * 1024   # dynamic shared memory a CTA may have on sm_90 (the tall tile's)
 
 
 def align_up(x: int, a: int) -> int:
@@ -396,7 +396,6 @@ def msd_x_stages(m: int, group: int, vec_warps: int) -> int:
     return max(2, min(4, MSD_X_RING_BYTES // stage))
 
 
-MSD_SHARED_LIMIT = 227 * 1024   # dynamic shared memory of a CTA on sm_90
 MSD_MAX_SLOTS = {"a_max": 2, "a_unfold": 3, "y_int": 2}   # the preload schedule's (basic: 1 each)
 MSD_MAX_BARRIERS = 16            # mbarriers of the flag rings, at most, in these schedules
 
@@ -650,7 +649,7 @@ class TilePass(Pass):
                 # wide CTA of the same block and columns, one warp per 32 rows of a column tile)
                 col_tiles.append(TALL_TILE["col_tiles"])
                 warp_rows.append(TALL_TILE["warp_rows"])
-                block_k[i] = tall_block_k(spec.quant.group_size)
+                block_k[i] = tall_block_k(group)
                 warps[i] = TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"]
                 # (stages=N or the entry's is the most, as for the other tiles: fewer where the
                 # shared memory would not hold them, and 3 at least)
@@ -787,7 +786,7 @@ class TilePass(Pass):
 
         t = full(tile["block_n"], tile["cube_warps"])
         fixed_stages = self.option("stages") is not None
-        while not fixed_n and t["block_n"] > 16 and shared(t) > MSD_SHARED_LIMIT:
+        while not fixed_n and t["block_n"] > 16 and shared(t) > SHARED_OPT_IN:
             if t["block_n"] == 64 and t["w_stages"] > 2 and not fixed_stages:
                 t = {**t, "w_stages": 2}         # M = 64: 64 columns, 2 stages beat 32 x 4 (1.8x)
                 continue
@@ -797,11 +796,11 @@ class TilePass(Pass):
             raise PipelineError(f"tile{{cube-warps={t['cube_warps']}}}: {t['block_n']} columns "
                                 f"per CTA (block-n) give each matrix warp less than one n8 "
                                 f"tile: at most {t['block_n'] // 8} matrix warps")
-        if shared(t) > MSD_SHARED_LIMIT:
+        if shared(t) > SHARED_OPT_IN:
             raise PipelineError(f"tile{{block-n={t['block_n']}}}: the MSD kernel of "
                                 f"msd.m = {s.m}, msd.steps = {s.steps} would need "
                                 f"{shared(t)} bytes of shared memory (at most "
-                                f"{MSD_SHARED_LIMIT}): use fewer columns per CTA or weight ring "
+                                f"{SHARED_OPT_IN}): use fewer columns per CTA or weight ring "
                                 f"stages (stages=2)")
         threads = 32 * (t["vec_warps"] + t["cube_warps"])
         occupancy = msd_occupancy(tile["occupancy"], threads, shared(t))

@@ -316,11 +316,10 @@ moe_gemm_gate_up_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<128, 2048, 44, 1408, 128, 4, 8, 6, 1, true, false>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 2048, 44, 1408, 128, 4, 4, 6, 1, true, false, 0, 1, 1, 0, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #endif
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
 // down: K = 1408, 32 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
@@ -353,11 +352,10 @@ moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* s
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<128, 1408, 32, 2048, 128, 4, 8, 1, 0, false, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 1408, 32, 2048, 128, 4, 4, 1, 0, false, true, 0, 1, 1, 0, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #endif
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -351,11 +351,10 @@ moe_gemm_gate_up_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<128, 4096, 448, 14336, 128, 4, 8, 2, 1, true, false>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 4096, 448, 14336, 128, 4, 4, 2, 1, true, false, 0, 1, 1, 0, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #endif
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 8, split-K 8, 8 ring stages of 16 k, 2 warps
@@ -423,11 +422,10 @@ moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* s
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<128, 14336, 64, 4096, 128, 4, 8, 1, 0, false, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #else
   moegen::grouped_gemm_wide<128, 32, 4, 14336, 64, 4096, 128, 4, 4, 1, 0, false, true, 0, 1, 1, 0, true>(
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 #endif
+      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
 
 // ---------------------------------------------------------------------------------------------

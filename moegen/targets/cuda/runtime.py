@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...passes.pipelines import DEFAULT_PIPELINES, lower
+from ...passes.tile import SHARED_PER_CTA
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
@@ -98,15 +99,15 @@ def compile_program(program: CudaProgram, arch: str, stem: str):
 
 
 def load_kernel(cp, module, name: str, shared_bytes: int, hint: str):
-    """The module's kernel `name`, allowed `shared_bytes` of dynamic shared memory (past 48 KB a
-    kernel must opt in); an error naming the kernel, the bytes and `hint` where this GPU gives a
-    CTA less."""
+    """The module's kernel `name`, allowed `shared_bytes` of dynamic shared memory (past the
+    48 KB of SHARED_PER_CTA a kernel must opt in); an error naming the kernel, the bytes and
+    `hint` where this GPU gives a CTA less."""
     most = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
     if shared_bytes > most:
         raise ValueError(f"{name}: needs {shared_bytes} bytes of shared memory, this GPU gives a "
                          f"CTA at most {most} ({hint})")
     fn = module.get_function(name)
-    if shared_bytes > 48 * 1024:
+    if shared_bytes > SHARED_PER_CTA:
         fn.max_dynamic_shared_size_bytes = shared_bytes
     return fn
 
