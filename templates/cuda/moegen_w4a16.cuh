@@ -1473,8 +1473,9 @@ struct RowCount {
 // ---------------------------------------------------------------------------------------------
 // Prefill-sized grouped W4A16 GEMM on warpgroup MMA, the tall tile (sm_90a): BLOCK rows (64 or
 // 128) of one expert x 4 column tiles of 64 over the whole K, by four warpgroups: warpgroup c
-// multiplies column tile c, its warp w dequantizing 16-column subtile w of it (one packed word
-// a lane and k16 step) for one wgmma of 64 columns x BLOCK rows x k16 a step. Each dequantized
+// multiplies column tile c, its warp w dequantizing 16 of its columns (one packed word a lane
+// and k16 step, the lanes' words turned across the 4 subtiles so that a warp's reads are free
+// of bank conflicts) for one wgmma of 64 columns x BLOCK rows x k16 a step. Each dequantized
 // weight serves BLOCK rows (32 in the wide CTA's tile) and each staged row 256 columns, as
 // there. The ring's stages are laid out as the wide warpgroup CTA's (weights, chunk-major rows,
 // a group's scales); every thread copies, STAGES - 2 stages ahead (the stage before the current
@@ -1510,7 +1511,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = warp / 4, subtile = warp % 4;   // column tile wg of the CTA's, 16 columns of it
+  const int wg = warp / 4, subtile = warp % 4;   // column tile wg of the CTA's, warp subtile of it
+  // The 16-column subtile whose packed words this lane dequantizes: warp `subtile`'s own, turned
+  // by lane / 8. The packed tile keeps a lane's 4 subtiles in one 16-byte piece, so word
+  // `subtile` of every lane's piece would fall on 8 banks (4-way conflicted); turned, a warp's 32
+  // words fall on 32. The wgmma's A rows 16 subtile + lane / 4 (+ 8) are then columns 16 src +
+  // lane / 4 (+ 8) of the tile, and so are the lane's accumulator rows.
+  const int src = (subtile + lane / 8) % 4;
 
   // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
   const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk,
@@ -1527,7 +1534,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, i * KS);
   };
 
-  // acc[4 q + c]: column 16 subtile + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
+  // acc[4 q + c]: column 16 src + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
   // 8 q + 2 (lane % 4) + c % 2
   float acc[BLOCK / 2];
   half2 scale_now;                       // the lane's two columns' scales, the current group's
@@ -1565,13 +1572,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       mbar_wait(&full[slot], (i / STAGES) & 1);
       fence_proxy_async();                 // the copies, where the tensor cores will read them
       const unsigned char* st = smem + slot * STAGE_BYTES;
-      // the warp's weight words of every step of the stage (word `subtile` of each lane's 16
-      // bytes of its tile), read before the copies are issued
+      // the lane's weight words of every step of the stage (word `src` of its 16 bytes of the
+      // tile), read before the copies are issued
       unsigned words[KS];
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub)
         words[sub] = *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 +
-                                                        4 * subtile);
+                                                        4 * src);
       const int next = i + AHEAD;
       if (next < ITERS) {                  // into the slot of stage next - STAGES, once consumed
         if (next >= STAGES) mbar_wait(&empty[next % STAGES], (next / STAGES - 1) & 1);
@@ -1581,7 +1588,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       }
       if (i % GROUP_ITERS == 0)            // a scale group starts: its scales are in stage i
         scale_now = *reinterpret_cast<const half2*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
-                                                     4 * subtile);
+                                                     4 * src);
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub) {
         wgmma_wait<1>();                   // frag[sub % 2]'s last wgmma is done
@@ -1622,7 +1629,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   // the accumulators as fp32 rows of each column tile: red[tile][row][column]
   float* red = reinterpret_cast<float*>(smem);
   {
-    float* mine = red + wg * BLOCK * RED_ROW + 16 * subtile + lane / 4;
+    float* mine = red + wg * BLOCK * RED_ROW + 16 * src + lane / 4;
 #pragma unroll
     for (int q = 0; q < BLOCK / 8; ++q)
 #pragma unroll
