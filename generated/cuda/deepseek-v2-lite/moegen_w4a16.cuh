@@ -1233,12 +1233,18 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 // The block's activation rows as the warpgroup MMA's B operand: a stage's KS k16 steps of the
 // BLOCK rows, 2 KS chunks of 16 bytes a row, stored chunk-major (k8 chunk c of row r at
 // (c BLOCK + r) x 16 bytes: the B descriptor's layout without swizzle). The CTA's THREADS
-// threads copy chunk q THREADS + thread (part c % CHUNKS of row c / CHUNKS: a warp reads whole
-// 64-byte row pieces); padding rows copy 0 bytes and zero-fill.
+// threads copy chunk q THREADS + thread; a warp's 32 chunks are LANES_PER_ROW = 4 adjacent
+// chunks (64 bytes, whole sectors) of each of 8 rows. Its shared-memory writes then fall 4 to a
+// bank, the fewest 512 bytes allow; a warp over 2 rows of 16 chunks each would write 16 to a
+// bank, as the chunk-major stride puts a row's chunks on the same banks. Padding rows copy 0
+// bytes and zero-fill.
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
   static constexpr int COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
+  static constexpr int LANES_PER_ROW = CHUNKS < 4 ? CHUNKS : 4, WARP_ROWS = 32 / LANES_PER_ROW;
+  static_assert(CHUNKS % LANES_PER_ROW == 0 && BLOCK % WARP_ROWS == 0,
+                "a warp's chunks: whole row pieces of whole row groups");
   const half* row[COPIES];
   unsigned bytes[COPIES];
 
@@ -1248,18 +1254,25 @@ struct ChunkMajorRows {
 #pragma unroll
     for (int q = 0; q < COPIES; ++q) {
       const int c = chunk(q);
-      const int slot = copies(q) ? sorted_ids[blk * BLOCK + c / CHUNKS] : num_slots;
+      const int slot = copies(q) ? sorted_ids[blk * BLOCK + row_of(c)] : num_slots;
       bytes[q] = slot < num_slots ? 16u : 0u;
-      row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
+      row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * part_of(c);
     }
   }
   __device__ __forceinline__ static int chunk(int q) { return q * THREADS + threadIdx.x; }
   __device__ __forceinline__ static bool copies(int q) {
     return A_CHUNKS % THREADS == 0 || chunk(q) < A_CHUNKS;
   }
+  // the block row and the k8 chunk of the row (of the stage's 2 KS) that chunk c copies
+  __device__ __forceinline__ static int row_of(int c) {
+    return c / (WARP_ROWS * CHUNKS) * WARP_ROWS + c / LANES_PER_ROW % WARP_ROWS;
+  }
+  __device__ __forceinline__ static int part_of(int c) {
+    return c / 32 % (CHUNKS / LANES_PER_ROW) * LANES_PER_ROW + c % LANES_PER_ROW;
+  }
   // the chunk's offset in a stage's rows
   __device__ __forceinline__ static unsigned offset(int q) {
-    return 16 * ((chunk(q) % CHUNKS) * BLOCK + chunk(q) / CHUNKS);
+    return 16 * (part_of(chunk(q)) * BLOCK + row_of(chunk(q)));
   }
   // copy k16 steps step .. step + KS - 1 into a stage's rows at `dst`
   __device__ __forceinline__ void copy(unsigned char* dst, int step) const {
