@@ -1586,12 +1586,16 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       fence_proxy_async();                 // the copies, where the tensor cores will read them
       const unsigned char* st = smem + slot * STAGE_BYTES;
       // the lane's weight words of every step of the stage (word `src` of its 16 bytes of the
-      // tile), read before the copies are issued
+      // tile) and a group's scales, read before the copies are issued (their loads then wait
+      // behind no copy, and the copies' address registers are not yet taken)
       unsigned words[KS];
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub)
         words[sub] = *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 +
                                                         4 * src);
+      if (i % GROUP_ITERS == 0)            // a scale group starts: its scales are in stage i
+        scale_now = *reinterpret_cast<const half2*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
+                                                     4 * src);
       const int next = i + AHEAD;
       if (next < ITERS) {                  // into the slot of stage next - STAGES, once consumed
         if (next >= STAGES) mbar_wait(&empty[next % STAGES], (next / STAGES - 1) & 1);
@@ -1599,9 +1603,6 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
         issue_rows(next);
         cp_async_mbar_arrive(&full[next % STAGES]);
       }
-      if (i % GROUP_ITERS == 0)            // a scale group starts: its scales are in stage i
-        scale_now = *reinterpret_cast<const half2*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
-                                                     4 * src);
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub) {
         wgmma_wait<1>();                   // frag[sub % 2]'s last wgmma is done
