@@ -80,12 +80,12 @@ def test_stale_entries_are_ignored_with_one_warning(tmp_path):
 
 def test_config_space_is_pruned():
     decode = at.config_space(QWEN, 1)
-    prefill = at.config_space(QWEN, 2048)
+    prefill = at.config_space(QWEN, 512)
     assert {c.split_k for c in prefill} == {1} and {c.split_k for c in decode} >= {1, 2, 4}
     assert {c.moe_block for c in decode} == {8}             # one slot per expert: no bigger block
     assert {c.moe_block for c in prefill} == {8, 16, 32, 64}
     # prefill: the wide CTA first (the default config leads), in the blocks it takes
-    assert prefill[0] == at.default_config(QWEN, 2048) and {c.col_tiles for c in decode} == {1}
+    assert prefill[0] == at.default_config(QWEN, 512) and {c.col_tiles for c in decode} == {1}
     assert {(c.moe_block, c.col_tiles) for c in prefill if c.col_tiles > 1} == {
         (32, 8), (32, 4), (32, 2), (64, 4), (64, 2)}     # 8 tiles of 64 rows: no room to write
     assert {c.moe_block for c in at.config_space(moegen.load_spec(
@@ -127,7 +127,7 @@ def test_compile_uses_the_tuned_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [724, 32] in json.loads((out / "qwen3-30b-a3b.launch.json").read_text())["buckets"]
     # without a database the defaults stand
-    assert "[[16, 8], [64, 8], [128, 8], [4095, 32], [8192, 128]]" in str(lower(QWEN, "cuda")[0])
+    assert "[[16, 8], [64, 8], [128, 8], [1023, 32], [8192, 128]]" in str(lower(QWEN, "cuda")[0])
 
 
 def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
@@ -184,10 +184,10 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 8, warps=2)
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
-    assert at.default_config(mixtral, 512) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
-    # from T = 1024 (256 slots an expert) the tall tile: block 128, 128 k a stage
+    assert at.default_config(mixtral, 128) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    # from T = 256 (64 slots an expert) the tall tile: block 128, 128 k a stage
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
-    assert not at.same_tile(at.default_config(mixtral, 512), at.default_config(mixtral, 2048))
+    assert not at.same_tile(at.default_config(mixtral, 128), at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4)
     assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4),
@@ -195,10 +195,10 @@ def test_default_config_is_recognised_in_the_sweep():
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
-    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 512))
+    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 128))
     assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 512))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 512))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 128))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 128))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))

@@ -110,8 +110,8 @@ def test_moe_passes_printed(path):
     # above 13 slots an average expert (Mixtral: T = 53..64) the wide CTA of block 32
     wd = 13 * spec.moe.num_experts // spec.moe.top_k
     wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
-    # from 256 slots an average expert (Mixtral: T = 1024) the tall tile of block 128
-    tall = -(-256 * spec.moe.num_experts // spec.moe.top_k)
+    # from 64 slots an average expert (Mixtral: T = 256) the tall tile of block 128
+    tall = -(-64 * spec.moe.num_experts // spec.moe.top_k)
     tall = tall if not fixed and 64 < tall <= spec.tokens.max else None
     buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
         f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
@@ -279,12 +279,12 @@ def test_wide_cta_in_prefill_buckets():
 
 
 def test_tall_tile_in_large_prefill_buckets():
-    """Prefill calls whose average expert gets 256 slots or more take the tall tile: a bucket
+    """Prefill calls whose average expert gets 64 slots or more take the tall tile: a bucket
     of block 128 (4 column tiles, 16 warps where it runs as the wide CTA, 64 k a stage, 4
     stages, dynamic shared memory); an option that pins the prefill tile, tall=0, or weights
     whose tiles do not make whole CTAs of 4 keep the wide CTA."""
     from moegen.passes.tile import tall_shared_bytes
-    edges = {"mixtral-8x7b": 1024, "qwen3-30b-a3b": 4096, "deepseek-v2-lite": 2731}
+    edges = {"mixtral-8x7b": 256, "qwen3-30b-a3b": 1024, "deepseek-v2-lite": 683}
     for name, edge in edges.items():
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         for t in gemm_tiles(spec):
@@ -386,8 +386,8 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
     # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways,
     # its grid split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split)
-    # From T = 1024 (256 slots an average expert) the tall tile of block 128 (16 warps).
-    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [1023, 32],
+    # From T = 256 (64 slots an average expert) the tall tile of block 128 (16 warps).
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [255, 32],
                                               [8192, 128]]
     assert gemms[0].attrs["tile"]["split_k"] == gemms[0].attrs["tile"]["split_many"] == [1] * 6
     assert gemms[1].attrs["tile"]["split_many"] == [8, 4, 4, 4, 1, 1]

@@ -54,7 +54,7 @@ MoE (`moe_w4a16`):
   the three example models (docs/PERF.md). ``wgmma`` (per bucket): the wide tile on warpgroup
   MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
   stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
-  From the call whose average expert gets TALL_SLOTS (256) slots (Mixtral T = 1024) a last
+  From the call whose average expert gets TALL_SLOTS (64) slots (Mixtral T = 256) a last
   bucket of block TALL_BLOCK (128) takes the tall tile (``tall`` per bucket): 4 column tiles,
   a warpgroup each, 4 stages of 128 k (the group where smaller), dynamic shared memory; where
   the GPU has no warpgroup MMA the same kernel is the wide CTA of that block (16 warps of 32
@@ -153,14 +153,16 @@ WIDE_SPLIT_FILL = 0.9
 # Prefill calls whose average expert gets TALL_SLOTS slots or more take the tall tile: blocks of
 # TALL_BLOCK (moegen/build.py) rows x 4 column tiles, a warpgroup a column tile, each warp's
 # dequantized weights serving every row of the block (grouped_gemm_wgmma_tall), 4 ring stages
-# of 128 k. Measured on the H200 against the wide CTA (block 32; docs/PERF.md, "The tall
-# tile"), at 64 k a stage: Mixtral T = 1024 (256 slots an expert) 1880 against 2013 us, 2048
-# 3338 against 3821, 4096 6361 against 8346; DeepSeek T = 2731 903 against 905, 4096 1251
-# against 1317; Qwen3 T = 4096 1107 against 1093 (1.3% slower), 8192 2024 against 2113;
-# slower below 256 slots (Mixtral T = 512 1304 against 1171, Qwen3 T = 2048 637 against 588).
+# of 128 k. Measured on the H200 against the wide CTA (block 32; docs/PERF.md, "The tall tile"
+# and "The tall tile's shared-memory traffic"), the layer in us, tall against wide:
+#   64 slots an expert: Mixtral T = 256 539 against 688, DeepSeek 683 279 / 290, Qwen3 1024
+#   329 / 335; 128: Mixtral 512 955 / 1144, DeepSeek 1366 450 / 495, Qwen3 2048 565 / 592;
+#   256: Mixtral 1024 1536 / 1907, DeepSeek 2731 778 / 900, Qwen3 4096 983 / 1085.
+#   Below 64, slower where experts are many: 48 slots DeepSeek 255 / 236, Qwen3 296 / 273
+#   (Mixtral 486 / 581); 32 slots Mixtral 467 / 455, DeepSeek 239 / 184, Qwen3 273 / 217.
 # 128 k a stage: 3% faster than 64 k at Mixtral T = 2048, 4% at 1024; 2 or 3 stages, 32 k a
 # stage, 2 column tiles a CTA (2 CTAs an SM) and 3 wgmmas in flight were slower.
-TALL_SLOTS = 256
+TALL_SLOTS = 64
 TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 128, "stages": 4}
 
 
