@@ -1234,10 +1234,10 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 // BLOCK rows, 2 KS chunks of 16 bytes a row, stored chunk-major (k8 chunk c of row r at
 // (c BLOCK + r) x 16 bytes: the B descriptor's layout without swizzle). The CTA's THREADS
 // threads copy chunk q THREADS + thread; a warp's 32 chunks are LANES_PER_ROW = 4 adjacent
-// chunks (64 bytes, whole sectors) of each of 8 rows. Its shared-memory writes then fall 4 to a
-// bank, the fewest 512 bytes allow; a warp over 2 rows of 16 chunks each would write 16 to a
-// bank, as the chunk-major stride puts a row's chunks on the same banks. Padding rows copy 0
-// bytes and zero-fill.
+// chunks (64 bytes, whole sectors) of each of 8 rows (2 of 16 rows where a stage holds one k16
+// step). Its shared-memory writes then fall 4 to a bank, the fewest 512 bytes allow; a warp over
+// 2 rows of 16 chunks each would write 16 to a bank, as the chunk-major stride puts a row's
+// chunks on the same banks. Padding rows copy 0 bytes and zero-fill.
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
