@@ -531,6 +531,11 @@ class TilePass(Pass):
     def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
         fixed = self.option("moe-block")
+        if fixed is not None and fixed > max(MOE_BLOCK_CHOICES):
+            raise PipelineError(f"tile{{moe-block={fixed}}}: the K-split and wide CTAs take "
+                                f"blocks of up to {max(MOE_BLOCK_CHOICES)} rows ({TALL_BLOCK} is "
+                                f"the tall tile's, which prefill calls take where an average "
+                                f"expert gets {TALL_SLOTS} slots)")
         # a tuning entry gives the tile per bucket, unless options fixing block or split say
         # otherwise
         tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
@@ -544,11 +549,6 @@ class TilePass(Pass):
                    else moe_buckets(spec, fixed, tall))
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
-                if fixed is not None and fixed > max(MOE_BLOCK_CHOICES):
-                    raise PipelineError(f"tile{{moe-block={fixed}}}: the K-split and wide CTAs "
-                                        f"take blocks of up to {max(MOE_BLOCK_CHOICES)} rows "
-                                        f"({TALL_BLOCK} is the tall tile's, which prefill calls "
-                                        f"take where an average expert gets {TALL_SLOTS} slots)")
                 if fixed is not None and fixed > op.attr("block"):
                     raise PipelineError(f"tile{{moe-block={fixed}}}: larger than the routing "
                                      f"buffers allow (block = {op.attr('block')})")
