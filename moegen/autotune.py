@@ -362,11 +362,12 @@ def msd_default_config(spec: Spec) -> dict:
                      tile["cube_warps"], tile["w_stages"], tile["occupancy"]).as_dict(spec.schedule)
 
 
-def default_config(spec: Spec, tokens: int) -> MoeConfig:
-    """The config the tile pass picks without a database for a call of `tokens` tokens."""
+def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfig:
+    """The config the tile pass picks without a database for a call of `tokens` tokens, in a
+    plan for `arch` (the spec's where None)."""
     from .passes.pipelines import lower
     from .passes.tile import GEMM_TILE
-    module = lower(spec, "cuda", tuning=None)[0]
+    module = lower(spec, "cuda", tuning=None, arch=arch)[0]
     gemms = {op.attr("mul_topk_weights"): op for op in module.function().ops
              if op.NAME == "moe.grouped_gemm_w4a16"}
     up, down = gemms[False], gemms[True]
@@ -423,7 +424,7 @@ def _nvrtc_inputs(spec: Spec, space: list, arch: str, built: dict | None = None)
             yield None
             continue
         try:
-            module, _, pm = lower(spec, "cuda", cfg.pipeline(), tuning=None)
+            module, _, pm = lower(spec, "cuda", cfg.pipeline(), tuning=None, arch=arch)
             yield nvrtc_input(emit_moe(spec, module, pm.pipeline, arch), arch)
         except Exception:                  # noqa: BLE001
             yield None
@@ -541,7 +542,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
                         best = (us, cfg)
             if best[1] is None:
                 continue
-            default_cfg = default_config(spec, t)           # lowers the spec: once per count
+            default_cfg = default_config(spec, t, default.arch)   # lowers: once per count
             swept = best
             best = keep_default_unless_faster(best, default_cfg, default_us)
             results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],

@@ -89,6 +89,12 @@ class Spec:
     lowering: str = "msd"
     targets: Targets = field(default_factory=Targets)
 
+    @property
+    def cuda_arch(self) -> str:
+        """The CUDA architecture the spec's plan is for (targets.cuda.arch; sm_90 without a
+        CUDA target)."""
+        return self.targets.cuda.arch if self.targets.cuda else CudaTarget.arch
+
     def to_dict(self) -> dict:
         """The normalised spec (defaults filled in) as plain data."""
         return asdict(self)

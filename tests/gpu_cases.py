@@ -8,7 +8,7 @@ def moe_spec(h, i, e, k, tokens_max=4096, group=128, block=None, name=None):
         moe["block_size"] = block
     return {"name": name or f"t-h{h}-i{i}-e{e}-k{k}", "pipeline": "moe_w4a16", "moe": moe,
             "quant": {"group_size": group}, "tokens": {"max": tokens_max},
-            "targets": {"cuda": {"arch": "sm_90"}}}
+            "targets": {"cuda": {"arch": "sm_90a"}}}
 
 
 def moe_weights(rng, e, h, i, g):

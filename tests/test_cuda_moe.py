@@ -338,12 +338,16 @@ def test_prefill_tall_tile(rng, arch):
     block holds (32, 64, 96 or 128) runs, and one expert has a single slot. Against the
     reference, bitwise on a second run and bitwise the wide CTA's output (tile{tall=0}: each
     output is the same chain of k16 MMAs); a graph replayed with new inputs, one of them routed
-    to two experts. arch sm_90: compiled without warpgroup MMA, where the kernel is the wide CTA
-    of block 128 (16 warps) in dynamic shared memory."""
+    to two experts. arch sm_90: compiled without warpgroup MMA, where the plan has no tall
+    bucket unless tile{tall=1} asks for it, and its kernel is the wide CTA of block 128 (16
+    warps) in dynamic shared memory."""
     spec = moe_spec(1024, 512, 8, 2, tokens_max=2048)
     kw = {"arch": arch} if arch else {}
-    layer = layer_for(spec, **kw)
+    layer = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=1},alloc" if arch else None,
+                      **kw)
     wide = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=0},alloc", **kw)
+    if arch:
+        assert layer_for(spec, **kw).plan["gemms"] == wide.plan["gemms"]
     for g in layer.plan["gemms"]:
         v = g["variants"][-1]
         assert (v["tall"], v["block"], v["warps"], v["max_tokens"]) == (True, 128, 16, 2048)

@@ -3,6 +3,7 @@ import re
 
 import networkx as nx
 import pytest
+import yaml
 
 import gpu_cases
 import moegen
@@ -236,6 +237,34 @@ def gemm_tiles(spec, pipeline=None) -> list[dict]:
     module = lower(spec, "cuda", pipeline, tuning=None)[0]
     return [op.attrs["tile"] for op in module.function().ops
             if op.NAME == "moe.grouped_gemm_w4a16"]
+
+
+def test_tall_tile_only_where_the_arch_has_warpgroup_mma():
+    """Compiled without warpgroup MMA the tall bucket's kernel is the wide CTA of block 128,
+    slower than block 32 there: plans for other archs than sm_90a keep the wide CTA of block 32
+    up to tokens.max, unless tall=1 asks for the tall bucket. The plan's arch is lower's `arch`
+    (a runtime's GPU) over the spec's targets.cuda.arch."""
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    assert spec.cuda_arch == "sm_90a"
+
+    def plan(arch=None, pipeline=None, s=spec):
+        module = lower(s, "cuda", pipeline, tuning=None, arch=arch)[0]
+        tiles = [op.attrs["tile"] for op in module.function().ops
+                 if op.NAME == "moe.grouped_gemm_w4a16"]
+        return module.function().op("moe.align").attrs["block_buckets"], tiles
+
+    tall_buckets, tall_tiles = plan()
+    assert tall_buckets[-2:] == [[255, 32], [8192, 128]] and all(t["tall"][-1] for t in tall_tiles)
+    assert plan("sm_90a") == (tall_buckets, tall_tiles)
+    wide = plan("sm_90a", "fuse-align,fuse-swiglu,tile{tall=0},alloc")
+    assert wide[0][-1] == [8192, 32] and not any(any(t["tall"]) for t in wide[1])
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
+        assert plan(arch) == wide, arch
+        assert plan(arch, "fuse-align,fuse-swiglu,tile{tall=1},alloc") == (tall_buckets, tall_tiles)
+    # the spec's arch where lower is given none
+    data = yaml.safe_load((ROOT / "examples" / "mixtral-8x7b.yaml").read_text())
+    on_sm80 = moegen.load_spec({**data, "targets": {"cuda": {"arch": "sm_80"}}})
+    assert plan(s=on_sm80) == wide and plan("sm_90a", s=on_sm80) == (tall_buckets, tall_tiles)
 
 
 def test_ring_stages_are_whole_turns_of_the_unrolled_loop():

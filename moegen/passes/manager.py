@@ -55,6 +55,7 @@ class Context:
     spec: Spec
     target: str = "cuda"
     tuning: Any = None          # a tuning database (autotune); None = documented defaults
+    arch: str | None = None     # CUDA: the architecture the plan is for (None: the spec's)
     results: dict = field(default_factory=dict)   # pass name -> what it computed (for reports)
 
 

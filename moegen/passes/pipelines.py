@@ -40,11 +40,12 @@ def default_target(spec: Spec) -> str:
 
 
 def lower(spec: Spec, target: str | None = None, pipeline: str | None = None, tuning=None,
-          **manager_options) -> tuple[Module, Context, PassManager]:
-    """Build the spec's module and run a pipeline (the target's default unless given)."""
+          arch: str | None = None, **manager_options) -> tuple[Module, Context, PassManager]:
+    """Build the spec's module and run a pipeline (the target's default unless given); `arch`:
+    the CUDA architecture to plan for, where not the spec's (a runtime plans for its GPU's)."""
     target = target or default_target(spec)
     text = default_pipeline(spec.pipeline, target) if pipeline is None else pipeline
     pm = PassManager(text, **manager_options)
-    ctx = Context(spec=spec, target=target, tuning=tuning)
+    ctx = Context(spec=spec, target=target, tuning=tuning, arch=arch or spec.cuda_arch)
     module = pm.run(build(spec), ctx)
     return module, ctx, pm

@@ -54,12 +54,15 @@ MoE (`moe_w4a16`):
   the three example models (docs/PERF.md). ``wgmma`` (per bucket): the wide tile on warpgroup
   MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
   stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
-  From the call whose average expert gets TALL_SLOTS (64) slots (Mixtral T = 256) a last
-  bucket of block TALL_BLOCK (128) takes the tall tile (``tall`` per bucket): 4 column tiles,
-  a warpgroup each, 4 stages of 128 k (the group where smaller), dynamic shared memory; where
-  the GPU has no warpgroup MMA the same kernel is the wide CTA of that block (16 warps of 32
-  rows, 64 k a stage). ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols`` or ``warp-rows``
-  keep the wide CTA there; a tuning entry's bucket of block 128 is the tall tile.
+  In plans for an arch with warpgroup MMA (WGMMA_ARCHS: sm_90a; the plan's arch is the
+  runtime's GPU, or the spec's targets.cuda.arch), from the call whose average expert gets
+  TALL_SLOTS (64) slots (Mixtral T = 256) a last bucket of block TALL_BLOCK (128) takes the
+  tall tile (``tall`` per bucket): 4 column tiles, a warpgroup each, 4 stages of 128 k (the
+  group where smaller), dynamic shared memory. Compiled without warpgroup MMA the same kernel
+  is the wide CTA of that block (16 warps of 32 rows, 64 k a stage), slower than block 32
+  there, so other archs' plans have no tall bucket unless ``tall=1`` asks for one.
+  ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols`` or ``warp-rows`` keep the wide CTA there;
+  a tuning entry's bucket of block 128 is the tall tile.
 - Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
   order-preserving integer keys, two per pick; measured 1 to 1.4 us faster than shuffle per
   decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
@@ -164,6 +167,11 @@ WIDE_SPLIT_FILL = 0.9
 # stage, 2 column tiles a CTA (2 CTAs an SM) and 3 wgmmas in flight were slower.
 TALL_SLOTS = 64
 TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 128, "stages": 4}
+# Architectures with warpgroup MMA: plans for them take the tall tile. Elsewhere its kernel is
+# the wide CTA of block 128 (16 warps, one CTA an SM), which on the H200 compiled for sm_90 was
+# 19-66% slower than the wide CTA of block 32 (docs/PERF.md, "The tall bucket without warpgroup
+# MMA"), so plans for them keep block 32 at every prefill size.
+WGMMA_ARCHS = ("sm_90a",)
 
 
 def align_up(x: int, a: int) -> int:
@@ -504,9 +512,12 @@ class TilePass(Pass):
                                    "where its tile allows and the GPU has it (sm_90a); 0 "
                                    "mma.sync only",
                         choices=(0, 1), minimum=0),
-        "tall": Option(int, 1, "MoE prefill buckets: 1 gives calls whose average expert gets "
-                               f"{TALL_SLOTS} slots or more the tall tile (blocks of {TALL_BLOCK}); "
-                               "0 keeps the wide CTA", choices=(0, 1), minimum=0),
+        "tall": Option(int, None, "MoE prefill buckets: calls whose average expert gets "
+                                  f"{TALL_SLOTS} slots or more take the tall tile (blocks of "
+                                  f"{TALL_BLOCK}) where the plan's arch has warpgroup MMA "
+                                  f"({', '.join(WGMMA_ARCHS)}); 1: on any arch (elsewhere "
+                                  f"the bucket runs the wide CTA of block {TALL_BLOCK}); 0: "
+                                  "never (the wide CTA of block 32)", choices=(0, 1), minimum=0),
         "stages": Option(int, None, "most copy-ring stages per warp (k16 steps in flight)"),
         "occupancy": Option(int, None, "MSD: CTAs an SM the kernel is built for (registers "
                                        "capped to hold them, K split to fill them); 0: uncapped",
@@ -540,9 +551,12 @@ class TilePass(Pass):
         # otherwise
         tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
                                                        or self.option("split-k-down")) else None)
-        # the tall tile unless an option pins the prefill tile (its block, k a stage, columns
-        # a CTA, or mma.sync)
-        tall = bool(self.option("tall")) and all(
+        # the tall tile where the arch has warpgroup MMA (or tall=1 asks for it), unless an
+        # option pins the prefill tile (its block, k a stage, columns a CTA, or mma.sync)
+        tall_wanted = self.option("tall")
+        if tall_wanted is None:
+            tall_wanted = (ctx.arch or spec.cuda_arch) in WGMMA_ARCHS
+        tall = bool(tall_wanted) and all(
             self.option(name) is None for name in ("block-k", "wide-cols", "warp-rows")) and \
             self.option("wgmma") != 0
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets

@@ -183,7 +183,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     buckets = gemms[0].variants
     plan = {
         "moegen": __version__, "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline,
-        "arch": arch or (spec.targets.cuda.arch if spec.targets.cuda else "sm_90"),
+        "arch": arch or spec.cuda_arch,
         "sizes": {"tokens_max": spec.tokens.max, "hidden": m.hidden_size,
                   "intermediate": m.intermediate_size, "experts": m.num_experts,
                   "top_k": m.top_k, "group": spec.quant.group_size},

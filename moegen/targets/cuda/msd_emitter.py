@@ -78,7 +78,7 @@ def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     check_shape(spec)
     loop = module.function().op("msd.group_loop")
     tile = loop.attrs["tile"]
-    arch = arch or (spec.targets.cuda.arch if spec.targets.cuda else "sm_90")
+    arch = arch or spec.cuda_arch
     header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
     if spec.lowering == "dequant":
         source, plan = _dequant(spec, tile, pipeline, arch)

@@ -191,8 +191,8 @@ class MoeW4A16:
         if pipeline is None:
             passes = DEFAULT_PIPELINES[("moe_w4a16", "cuda")]
             pipeline = ",".join(p for p in passes if fuse_swiglu or p != "fuse-swiglu")
-        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning)
         self.arch = arch or device_arch()
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning, arch=self.arch)
         self.program = emit_moe(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
@@ -358,8 +358,9 @@ class MsdMatmul:
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
                              f"{self.spec.pipeline}")
-        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=resolve_tuning(tuning))
         self.arch = arch or device_arch()
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=resolve_tuning(tuning),
+                              arch=self.arch)
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
