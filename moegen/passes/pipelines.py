@@ -46,6 +46,7 @@ def lower(spec: Spec, target: str | None = None, pipeline: str | None = None, tu
     target = target or default_target(spec)
     text = default_pipeline(spec.pipeline, target) if pipeline is None else pipeline
     pm = PassManager(text, **manager_options)
-    ctx = Context(spec=spec, target=target, tuning=tuning, arch=arch or spec.cuda_arch)
+    ctx = Context(spec=spec, target=target, tuning=tuning,
+                  arch=arch or (spec.cuda_arch if target == "cuda" else None))
     module = pm.run(build(spec), ctx)
     return module, ctx, pm
