@@ -597,19 +597,22 @@ class TilePass(Pass):
                                 f"slots of top-k {top_k})")
         return n
 
+    def _pick(self, option: str, b: list | None, index: int, default):
+        """The option's value, else a tuning entry bucket's at `index` (where it has one), else
+        the default."""
+        if self.option(option) is not None:
+            return self.option(option)
+        return b[index] if b is not None and len(b) > index else default
+
     def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
                    tuned_buckets: list | None) -> dict:
         """The tile attribute of one grouped GEMM: block_n, then per bucket block_k, warps,
-        ring stages and split-K (options first, then a tuning entry, then the defaults)."""
+        ring stages and split-K (options first, then a tuning entry, then the defaults), and the
+        CTA each bucket runs (_bucket_cta)."""
         # a tuning entry's bucket: [edge, block, split, stages, split of the down GEMM,
         # block_k, warps]; older entries stop after the split of the down GEMM
         tuned = tuned_buckets or [None] * len(buckets)
-
-        def pick(option: str, b: list | None, index: int, default):
-            if self.option(option) is not None:
-                return self.option(option)
-            return b[index] if b is not None and len(b) > index else default
-
+        pick = self._pick
         single = starts_with_single_token_bucket(buckets)
         block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
         warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if single and i == 0
@@ -646,95 +649,98 @@ class TilePass(Pass):
                                     f"over {w} warps of {bk}-deep stages")
             raise PipelineError(f"tile{{split-k={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
-        # prefill buckets: the wide CTA (col_tiles > 1: its warps tile columns and rows, one
-        # ring for the CTA, no K split); a tuning entry's bucket may add col_tiles and
-        # warp_rows at index 7 and 8, and then its block_k and stages are the wide CTA's
+        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b, split,
+                                 {"block_k": block_k[i], "warps": warps[i], "stages": stages[i],
+                                  "split_k": splits[i]})
+                for i, b in enumerate(tuned)]
+        return {"block_n": GEMM_TILE["block_n"],
+                **{key: [c[key] for c in ctas] for key in (
+                    "block_k", "warps", "stages", "split_k", "col_tiles", "warp_rows", "wgmma",
+                    "ctas_per_sm", "split_many", "tall")}}
+
+    def _bucket_cta(self, spec, k_dim: int, n: int, buckets: list, i: int, b: list | None,
+                    split: int | None, ksplit: dict) -> dict:
+        """The CTA bucket i runs and its tile: the tall tile (block TALL_BLOCK), the wide CTA
+        (col_tiles > 1: its warps tile columns and rows, one ring for the CTA; at prefill sizes
+        over the whole K, in a decode bucket split over K), or the K-split CTA of `ksplit`
+        (block_k, warps, stages, split_k). `b`: the bucket's tuning entry, which may add
+        col_tiles and warp_rows at index 7 and 8 (and then its block_k and stages are the wide
+        CTA's) and wgmma at 9; `split`: the split-k option."""
+        edge, block = buckets[i]
         ntiles = -(-n // GEMM_TILE["block_n"])
-        fixed = self.option("moe-block")
         group = spec.quant.group_size
-        col_tiles, warp_rows, wgmma, ctas_per_sm, split_many = [], [], [], [], list(splits)
-        tall = []
-        for i, ((edge, block), b) in enumerate(zip(buckets, tuned)):
-            tall.append(block == TALL_BLOCK)
-            if block == TALL_BLOCK:
-                if ntiles % TALL_TILE["col_tiles"] or n % GEMM_TILE["block_n"]:
-                    raise PipelineError(f"tuning entry: a bucket of block {TALL_BLOCK} (the tall "
-                                        f"tile) needs the weight's {n} columns in whole CTAs of "
-                                        f"{TALL_TILE['col_tiles']} tiles of 64")
-                # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
-                # wide CTA of the same block and columns, one warp per 32 rows of a column tile)
-                col_tiles.append(TALL_TILE["col_tiles"])
-                warp_rows.append(TALL_TILE["warp_rows"])
-                block_k[i] = tall_block_k(group)
-                warps[i] = TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"]
-                # (stages=N or the entry's is the most, as for the other tiles: fewer where the
-                # shared memory would not hold them, and 3 at least)
-                stages[i] = max(3, pick("stages", b, 3, TALL_TILE["stages"]))
-                while stages[i] > 3 and tall_shared_bytes(block, stages[i],
-                                                          block_k[i]) > SHARED_OPT_IN:
-                    stages[i] -= 1
-                wgmma.append(True)
-                ctas_per_sm.append(0)
-                continue
-            wide = b is not None and len(b) > 7
-            # (an entry without col_tiles was measured with the K-split CTA)
-            cols = pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
-            rows = min(block, pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
-            # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
-            # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
-            split_wide = cols > 1 and (
-                wide and (splits[i] > 1 or edge <= DECODE_MAX_TOKENS)
-                or b is None and wide_decode_bucket(spec, buckets, i, fixed))
-            if split_wide:
-                if wide and (block not in WIDE_BLOCKS or ntiles % cols
-                             or not wide_epilogue_fits(cols, block)):
-                    raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
-                                        f"block {block} does not fit {ntiles} tiles")
-                cols = wide_col_tiles(ntiles, block, cols)
-                # its registers are capped for this many CTAs an SM, and its split sized for them
-                # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
-                ctas = wide_decode_ctas(cols * block // rows)
-                if not wide and cols > 1:
-                    splits[i] = self._wide_decode_split(
-                        spec, k_dim, min(spec.moe.num_experts,
-                                         bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
-                        // cols, split, ctas)
-                if (k_dim // group) % splits[i]:
-                    raise PipelineError(f"split-k {splits[i]}: the wide CTA splits K = {k_dim} "
-                                        f"into whole groups of {group}")
-                # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
-                # the grid has the doubled split, and calls with enough blocks use half of it
-                split_many[i] = splits[i]
-                if not wide and not split and splits[i] > 1 and (k_dim // group) % (
-                        2 * splits[i]) == 0:
-                    splits[i] *= 2
-            elif edge > DECODE_MAX_TOKENS and splits[i] == 1:
-                cols = wide_col_tiles(ntiles, block, cols)
-            else:
-                cols = 1
-            col_tiles.append(cols)
-            warp_rows.append(rows if cols > 1 else 0)
-            if cols == 1:
-                ctas_per_sm.append(0)
-                wgmma.append(False)
-                continue
-            bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
-            if (k_dim // 16) % (bk // 16) or group % bk:
-                raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
-                                    f"{group}, is not a whole number of {bk}-deep stages")
-            block_k[i], warps[i] = bk, cols * block // rows
-            ctas_per_sm.append(ctas if split_wide else 0)
-            stages[i] = wide_stages(block, cols, self.option("stages") or (
-                b[3] if wide else WIDE_TILE["stages"]), bk)
-            # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
-            # measured on mma.sync)
-            fits = wgmma_fits(cols, rows, block, bk, stages[i])
-            wg = bool(pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))
-            wgmma.append(wg and fits)
-        return {"block_n": GEMM_TILE["block_n"], "block_k": block_k, "warps": warps,
-                "stages": stages, "split_k": splits, "col_tiles": col_tiles,
-                "warp_rows": warp_rows, "wgmma": wgmma, "ctas_per_sm": ctas_per_sm,
-                "split_many": split_many, "tall": tall}
+        cta = {**ksplit, "split_many": ksplit["split_k"], "col_tiles": 1, "warp_rows": 0,
+               "wgmma": False, "ctas_per_sm": 0, "tall": block == TALL_BLOCK}
+        if block == TALL_BLOCK:
+            if ntiles % TALL_TILE["col_tiles"] or n % GEMM_TILE["block_n"]:
+                raise PipelineError(f"tuning entry: a bucket of block {TALL_BLOCK} (the tall "
+                                    f"tile) needs the weight's {n} columns in whole CTAs of "
+                                    f"{TALL_TILE['col_tiles']} tiles of 64")
+            # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
+            # wide CTA of the same block and columns, one warp per 32 rows of a column tile);
+            # stages=N or the entry's is the most, as for the other tiles: fewer where the
+            # shared memory would not hold them, and 3 at least
+            bk = tall_block_k(group)
+            stages = max(3, self._pick("stages", b, 3, TALL_TILE["stages"]))
+            while stages > 3 and tall_shared_bytes(block, stages, bk) > SHARED_OPT_IN:
+                stages -= 1
+            return {**cta, "col_tiles": TALL_TILE["col_tiles"],
+                    "warp_rows": TALL_TILE["warp_rows"], "block_k": bk, "stages": stages,
+                    "warps": TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"],
+                    "wgmma": True}
+        fixed = self.option("moe-block")
+        wide = b is not None and len(b) > 7
+        # (an entry without col_tiles was measured with the K-split CTA)
+        cols = self._pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
+        rows = min(block, self._pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
+        # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
+        # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
+        split_wide = cols > 1 and (
+            wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS)
+            or b is None and wide_decode_bucket(spec, buckets, i, fixed))
+        ctas = 0
+        if split_wide:
+            if wide and (block not in WIDE_BLOCKS or ntiles % cols
+                         or not wide_epilogue_fits(cols, block)):
+                raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
+                                    f"block {block} does not fit {ntiles} tiles")
+            cols = wide_col_tiles(ntiles, block, cols)
+            # its registers are capped for this many CTAs an SM, and its split sized for them
+            # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
+            ctas = wide_decode_ctas(cols * block // rows)
+            if not wide and cols > 1:
+                cta["split_k"] = self._wide_decode_split(
+                    spec, k_dim, min(spec.moe.num_experts,
+                                     bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
+                    // cols, split, ctas)
+            if (k_dim // group) % cta["split_k"]:
+                raise PipelineError(f"split-k {cta['split_k']}: the wide CTA splits K = {k_dim} "
+                                    f"into whole groups of {group}")
+            # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
+            # the grid has the doubled split, and calls with enough blocks use half of it
+            cta["split_many"] = cta["split_k"]
+            if not wide and not split and cta["split_k"] > 1 and (k_dim // group) % (
+                    2 * cta["split_k"]) == 0:
+                cta["split_k"] *= 2
+        elif edge > DECODE_MAX_TOKENS and cta["split_k"] == 1:
+            cols = wide_col_tiles(ntiles, block, cols)
+        else:
+            cols = 1
+        if cols == 1:
+            return cta
+        bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
+        if (k_dim // 16) % (bk // 16) or group % bk:
+            raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
+                                f"{group}, is not a whole number of {bk}-deep stages")
+        stages = wide_stages(block, cols, self.option("stages") or (
+            b[3] if wide else WIDE_TILE["stages"]), bk)
+        # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
+        # measured on mma.sync)
+        wg = bool(self._pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))
+        return {**cta, "col_tiles": cols, "warp_rows": rows, "block_k": bk,
+                "warps": cols * block // rows, "stages": stages,
+                "ctas_per_sm": ctas if split_wide else 0,
+                "wgmma": wg and wgmma_fits(cols, rows, block, bk, stages)}
 
     @staticmethod
     def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:
