@@ -136,28 +136,13 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
     return plans
 
 
-def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
+def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> dict:
+    """The launch plan's workspace: the alloc pass's arena (its buffers by result name), then
+    the split-K partial sums and arrival counters sized for the largest split bucket, then
+    (topk_sum) one arrival counter per column tile of the down GEMM."""
     m = spec.moe
-    fn = module.function()
-    router = fn.op("moe.topk_softmax")
-    fused_tokens = router.attr("align_tokens")
-    gemms = _gemm_plans(module)
-    fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
-    summed = gemms[1].sum_topk > 0
-    # buckets that share a block and split share a kernel: define each kernel once
-    unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
-              for g in gemms]
-    header = file_header(spec, pipeline)
-    source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
-                    H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
-                    renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
-                    gemms=unique,
-                    ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
-                    ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"))
-    device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
-
     offsets = {}
-    for op in fn.ops:
+    for op in module.function().ops:
         for r, off in zip(op.results, op.attrs.get("offsets", [])):
             if off >= 0:
                 offsets[r.name] = {"offset": off,
@@ -180,6 +165,34 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     sum_counters_at = counters_at + max(-(-counter_ints * 4 // align) * align, align)
     sum_counter_ints = gemms[1].ntiles if summed else 0
     total = sum_counters_at + (-(-sum_counter_ints * 4 // align) * align)
+    return {"bytes": total, "alignment": align, "arena_bytes": arena, "buffers": offsets,
+            "partials": {"offset": partials_at, "bytes": partial_bytes},
+            "counters": {"offset": counters_at, "ints": counter_ints},
+            **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
+               if summed else {})}
+
+
+def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
+    m = spec.moe
+    fn = module.function()
+    router = fn.op("moe.topk_softmax")
+    fused_tokens = router.attr("align_tokens")
+    gemms = _gemm_plans(module)
+    fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
+    summed = gemms[1].sum_topk > 0
+    # buckets that share a block and split share a kernel: define each kernel once
+    unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
+              for g in gemms]
+    header = file_header(spec, pipeline)
+    source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
+                    H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
+                    renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
+                    gemms=unique,
+                    ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
+                    ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"))
+    device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
+
+    workspace = _workspace(spec, module, gemms, summed)
     buckets = gemms[0].variants
     plan = {
         "moegen": __version__, "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline,
@@ -214,11 +227,6 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         "route_align_max_tokens": fused_tokens,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
-        "workspace": {"bytes": total, "alignment": align, "arena_bytes": arena,
-                      "buffers": offsets,
-                      "partials": {"offset": partials_at, "bytes": partial_bytes},
-                      "counters": {"offset": counters_at, "ints": counter_ints},
-                      **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
-                         if summed else {})},
+        "workspace": workspace,
     }
     return CudaProgram(source=source, header=device_header, plan=plan, ir=str(module))
