@@ -111,65 +111,82 @@ def simulate(schedule: Schedule, machine: Machine = Machine(), iterations: int |
              shape: tuple[int, int, int, int] | None = None, costs: Costs = Costs(),
              check: bool = True) -> Result:
     """Run `schedule` on `machine`. shape = (M, N, group, steps) feeds the cost model."""
-    n = schedule.iterations if iterations is None else iterations
-    if shape is None:
-        durations = {name: 1.0 for name in schedule.stages}
-        sync, barrier = 0.1, 0.1
-    else:
-        durations = stage_costs(*shape, cores=machine.cores, costs=costs)
-        sync, barrier = costs.sync_us, costs.barrier_us
-    programs = {kind: schedule.unroll(kind, n) for kind in schedule.programs}
-    units = [_Unit(unit_name(k, c, j), k, c, programs[k]) for k, c, j in machine.units()]
-    signals: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    result = Result(timed=shape is not None)
+    run = _Run(schedule, machine, schedule.iterations if iterations is None else iterations,
+               shape, costs, check)
+    while run.step():
+        pass
+    return run.finish()
 
-    scopes: dict[tuple[str, int], list[_Unit]] = {}
 
-    def scope(u: _Unit, flag_id: int) -> list[_Unit]:
+class _Run:
+    """One simulation: the units, the signals sent so far, the buffer slots' state, the result."""
+
+    def __init__(self, schedule: Schedule, machine: Machine, iterations: int,
+                 shape: tuple[int, int, int, int] | None, costs: Costs, check: bool):
+        self.schedule, self.check = schedule, check
+        if shape is None:
+            self.durations = {name: 1.0 for name in schedule.stages}
+            self.sync, self.barrier = 0.1, 0.1
+        else:
+            self.durations = stage_costs(*shape, cores=machine.cores, costs=costs)
+            self.sync, self.barrier = costs.sync_us, costs.barrier_us
+        programs = {kind: schedule.unroll(kind, iterations) for kind in schedule.programs}
+        self.units = [_Unit(unit_name(k, c, j), k, c, programs[k]) for k, c, j in machine.units()]
+        # flag -> signalling unit -> [(time, what the signal certifies)]
+        self.signals: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+        self.result = Result(timed=shape is not None)
+        self.scopes: dict[tuple[str, int], list[_Unit]] = {}
+        # buffer slot state: (buffer, core or -1, slot) -> [iteration, writes, reads]
+        self.slots: dict[tuple, list] = {}
+
+    def scope(self, u: _Unit, flag_id: int) -> list[_Unit]:
+        """The units whose signals of the flag a wait of `u` counts."""
         key = (u.name, flag_id)
-        if key not in scopes:
-            fl = schedule.flags[flag_id]
-            scopes[key] = [v for v in units if v.kind == fl.setter
-                           and (fl.mode == 0 or v.core == u.core)]
-        return scopes[key]
+        if key not in self.scopes:
+            fl = self.schedule.flags[flag_id]
+            self.scopes[key] = [v for v in self.units if v.kind == fl.setter
+                                and (fl.mode == 0 or v.core == u.core)]
+        return self.scopes[key]
 
-    # buffer slot state: (buffer, core or -1, slot) -> [iteration, writes, reads]
-    slots: dict[tuple, list] = {}
+    def _users(self, buf: str, core: int, kinds: set[str]) -> list[_Unit]:
+        info = self.schedule.buffers[buf]
+        return [v for v in self.units
+                if v.kind in kinds and (info.scope == "global" or v.core == core)]
 
-    def readers_of(buf: str, core: int) -> list[_Unit]:
-        info = schedule.buffers[buf]
-        kinds = {schedule.stages[r].unit for r in info.readers}
-        return [v for v in units if v.kind in kinds and (info.scope == "global" or v.core == core)]
+    def readers_of(self, buf: str, core: int) -> list[_Unit]:
+        stages = self.schedule.stages
+        return self._users(buf, core, {stages[r].unit for r in self.schedule.buffers[buf].readers})
 
-    def writers_of(buf: str, core: int) -> list[_Unit]:
-        info = schedule.buffers[buf]
-        kind = schedule.stages[info.writer].unit
-        return [v for v in units if v.kind == kind and (info.scope == "global" or v.core == core)]
+    def writers_of(self, buf: str, core: int) -> list[_Unit]:
+        return self._users(buf, core,
+                           {self.schedule.stages[self.schedule.buffers[buf].writer].unit})
 
-    def access(u: _Unit, step: Step) -> None:
-        stage = schedule.stages[step.stage]
+    def access(self, u: _Unit, step: Step) -> None:
+        """A stage's buffer accesses: counted on their pipes and, with `check`, checked."""
+        schedule = self.schedule
         slot_of = dict(step.slots)
-        for acc in stage.accesses():
+        for acc in schedule.stages[step.stage].accesses():
             if acc.buffer not in schedule.buffers:
                 continue
             u.own[acc.pipe] += 1
             seq = u.own[acc.pipe]
-            info = schedule.buffers[acc.buffer]
-            core = u.core if info.scope == "core" else -1
+            core = u.core if schedule.buffers[acc.buffer].scope == "core" else -1
             key = (acc.buffer, core, slot_of[acc.buffer])
-            state = slots.get(key)
+            state = self.slots.get(key)
             if acc.write:
                 if state is None or state[0] != step.iteration:
-                    if check and state is not None:
-                        _check_overwrite(u, step, key, state, readers_of(acc.buffer, u.core))
-                    state = slots[key] = [step.iteration, {}, {}]
+                    if self.check and state is not None:
+                        self.check_overwrite(u, step, key, state,
+                                             self.readers_of(acc.buffer, u.core))
+                    state = self.slots[key] = [step.iteration, {}, {}]
                 state[1][u.name] = (acc.pipe, seq)
-            elif check:
-                _check_read(u, step, key, state, writers_of(acc.buffer, u.core))
+            elif self.check:
+                self.check_read(u, step, key, state, self.writers_of(acc.buffer, u.core))
                 if state is not None and state[0] == step.iteration:
                     state[2][u.name] = (acc.pipe, seq)
 
-    def _check_overwrite(u, step, key, state, readers):
+    def check_overwrite(self, u: _Unit, step: Step, key: tuple, state: list,
+                        readers: list[_Unit]) -> None:
         buf, _, slot = key
         for r in readers:
             done = state[2].get(r.name)
@@ -179,29 +196,32 @@ def simulate(schedule: Schedule, machine: Machine = Machine(), iterations: int |
                 why = f"{r.name}'s read of iteration {state[0]} is not known to be complete"
             else:
                 continue
-            result.hazards.append(Hazard("overwrite", buf, slot, step.iteration, u.name, why))
+            self.result.hazards.append(Hazard("overwrite", buf, slot, step.iteration, u.name,
+                                              why))
             return
 
-    def _check_read(u, step, key, state, writers):
+    def check_read(self, u: _Unit, step: Step, key: tuple, state: list | None,
+                   writers: list[_Unit]) -> None:
         buf, _, slot = key
         if state is None or state[0] != step.iteration:
             held = "nothing" if state is None else f"iteration {state[0]}"
-            result.hazards.append(Hazard("read-before-write", buf, slot, step.iteration, u.name,
-                                         f"the slot holds {held}"))
+            self.result.hazards.append(Hazard("read-before-write", buf, slot, step.iteration,
+                                              u.name, f"the slot holds {held}"))
             return
         for w in writers:
             done = state[1].get(w.name)
             if done is None or not u.knows(w.name, *done):
-                result.hazards.append(Hazard("read-before-write", buf, slot, step.iteration,
-                                             u.name, f"{w.name}'s write is not known complete"))
+                self.result.hazards.append(Hazard("read-before-write", buf, slot,
+                                                  step.iteration, u.name,
+                                                  f"{w.name}'s write is not known complete"))
                 return
 
-    def ready(u: _Unit, step: Step):
+    def ready(self, u: _Unit, step: Step) -> float | None:
         """For a wait: the time it can complete, or None while a signal is missing."""
         k = u.waits[step.flag]
         t = u.time
-        sent_by = signals[step.flag]
-        for v in scope(u, step.flag):
+        sent_by = self.signals[step.flag]
+        for v in self.scope(u, step.flag):
             sent = sent_by[v.name]
             if len(sent) <= k:
                 return None
@@ -209,77 +229,82 @@ def simulate(schedule: Schedule, machine: Machine = Machine(), iterations: int |
                 t = sent[k][0]
         return t
 
-    def learn(u: _Unit, step: Step) -> None:
+    def learn(self, u: _Unit, step: Step) -> None:
         """A completed wait: the unit learns what the matched signals certify."""
         k = u.waits[step.flag]
-        for v in scope(u, step.flag):
-            for key, val in signals[step.flag][v.name][k][1].items():
+        for v in self.scope(u, step.flag):
+            for key, val in self.signals[step.flag][v.name][k][1].items():
                 if u.know.get(key, 0) < val:
                     u.know[key] = val
 
-    while True:
+    def step(self) -> bool:
+        """Run the next action of the unit that can act earliest (ties by name); False once
+        none can."""
         runnable = []
-        for u in units:
+        for u in self.units:
             if u.pc >= len(u.program):
                 continue
             step = u.program[u.pc]
             if step.op == "wait":
-                r = ready(u, step)
+                r = self.ready(u, step)
                 if r is None:
                     continue
                 runnable.append((r, u.name, u, r))
             else:
                 runnable.append((u.time, u.name, u, None))
         if not runnable:
-            break
+            return False
         _, _, u, r = min(runnable, key=lambda x: (x[0], x[1]))
         step = u.program[u.pc]
         if step.op == "wait":
-            start = r
-            fl = schedule.flags[step.flag]
-            cost = barrier if fl.mode == 0 else sync
-            if check:
-                learn(u, step)
+            cost = self.barrier if self.schedule.flags[step.flag].mode == 0 else self.sync
+            if self.check:
+                self.learn(u, step)
             u.waits[step.flag] += 1
-            result.spans.append(Span(u.name, u.kind, u.core, f"wait {step.flag}", None, u.time,
-                                     start + cost))
-            u.time = start + cost
+            self.result.spans.append(Span(u.name, u.kind, u.core, f"wait {step.flag}", None,
+                                          u.time, r + cost))
+            u.time = r + cost
         elif step.op == "signal":
             msg = None
-            if check:
-                pipe = schedule.flags[step.flag].pipe
+            if self.check:
+                pipe = self.schedule.flags[step.flag].pipe
                 msg = dict(u.know)
                 msg[(u.name, pipe)] = u.own[pipe]
-            signals[step.flag][u.name].append((u.time, msg))
+            self.signals[step.flag][u.name].append((u.time, msg))
         else:
-            if check:
-                access(u, step)
-            end = u.time + durations[step.stage]
-            result.spans.append(Span(u.name, u.kind, u.core, step.stage, step.iteration, u.time,
-                                     end))
+            if self.check:
+                self.access(u, step)
+            end = u.time + self.durations[step.stage]
+            self.result.spans.append(Span(u.name, u.kind, u.core, step.stage, step.iteration,
+                                          u.time, end))
             u.time = end
         u.pc += 1
+        return True
 
-    stuck = [u for u in units if u.pc < len(u.program)]
-    if stuck:
-        parts = []
-        for u in stuck:
-            step = u.program[u.pc]
-            k = u.waits[step.flag] + 1
-            lacking = [v.name for v in scope(u, step.flag)
-                       if len(signals[step.flag][v.name]) < k]
-            parts.append(f"{u.name} blocked at wait({step.flag}) #{k} "
-                         f"({schedule.flags[step.flag].name}), lacking a signal from "
-                         f"{', '.join(lacking)}")
-        result.deadlock = "; ".join(parts)
-    for fid, fl in schedule.flags.items():
-        for u in units:
-            if u.kind != fl.waiter:
-                continue
-            for v in scope(u, fid):
-                sent, got = len(signals[fid][v.name]), u.waits[fid]
-                if sent != got and not stuck:
-                    result.unbalanced.append(f"flag {fid} ({fl.name}): {v.name} signalled "
-                                             f"{sent} times, {u.name} waited {got} times")
-    result.time_us = max((u.time for u in units), default=0.0)
-    return result
+    def finish(self) -> Result:
+        """The result once no unit can act: a deadlock (each blocked wait and the signals it
+        lacks), unbalanced flags, the time of the last unit."""
+        schedule, result = self.schedule, self.result
+        stuck = [u for u in self.units if u.pc < len(u.program)]
+        if stuck:
+            parts = []
+            for u in stuck:
+                step = u.program[u.pc]
+                k = u.waits[step.flag] + 1
+                lacking = [v.name for v in self.scope(u, step.flag)
+                           if len(self.signals[step.flag][v.name]) < k]
+                parts.append(f"{u.name} blocked at wait({step.flag}) #{k} "
+                             f"({schedule.flags[step.flag].name}), lacking a signal from "
+                             f"{', '.join(lacking)}")
+            result.deadlock = "; ".join(parts)
+        for fid, fl in schedule.flags.items():
+            for u in self.units:
+                if u.kind != fl.waiter:
+                    continue
+                for v in self.scope(u, fid):
+                    sent, got = len(self.signals[fid][v.name]), u.waits[fid]
+                    if sent != got and not stuck:
+                        result.unbalanced.append(f"flag {fid} ({fl.name}): {v.name} signalled "
+                                                 f"{sent} times, {u.name} waited {got} times")
+        result.time_us = max((u.time for u in self.units), default=0.0)
+        return result
