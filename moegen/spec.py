@@ -193,61 +193,68 @@ def parse_spec(data: Any) -> Spec:
     dtype = _choice(data, "dtype", "", DTYPES, "float16")
     schedule = _choice(data, "schedule", "", SCHEDULES, "preload")
     lowering = _choice(data, "lowering", "", LOWERINGS, "msd")
+    quant = _quant(data.get("quant", {}))
+    tk = data.get("tokens", {})
+    _section(tk, "tokens", ("max",))
+    tokens = TokensSpec(_int(tk, "max", "tokens", 8192))
+    own, other = ("moe", "msd") if pipeline == "moe_w4a16" else ("msd", "moe")
+    if other in data:
+        _fail(other, data[other], f"is only allowed with pipeline: "
+                                  f"{'moe_w4a16' if other == 'moe' else 'msd_matmul'}")
+    if own not in data:
+        _fail(own, None, f"is required for pipeline: {pipeline}")
+    moe = _moe(data["moe"], quant.group_size) if own == "moe" else None
+    msd = _msd(data["msd"], quant.group_size) if own == "msd" else None
+    return Spec(name=name, pipeline=pipeline, dtype=dtype, moe=moe, quant=quant, tokens=tokens,
+                msd=msd, schedule=schedule, lowering=lowering,
+                targets=_targets(data.get("targets", {"cuda": {}, "ascend": {}})))
 
-    q = data.get("quant", {})
+
+def _quant(q: Any) -> QuantSpec:
     _section(q, "quant", ("bits", "group_size", "symmetric"))
     bits = _choice(q, "bits", "quant", (4,), 4)
     group = _choice(q, "group_size", "quant", GROUP_SIZES, 128)
     symmetric = _bool(q, "symmetric", "quant", True)
     if not symmetric:
         _fail("quant.symmetric", symmetric, "must be true (zero points are not supported yet)")
-    quant = QuantSpec(bits, group, symmetric)
+    return QuantSpec(bits, group, symmetric)
 
-    tk = data.get("tokens", {})
-    _section(tk, "tokens", ("max",))
-    tokens = TokensSpec(_int(tk, "max", "tokens", 8192))
 
-    moe = msd = None
-    if pipeline == "moe_w4a16":
-        if "msd" in data:
-            _fail("msd", data["msd"], "is only allowed with pipeline: msd_matmul")
-        if "moe" not in data:
-            _fail("moe", None, "is required for pipeline: moe_w4a16")
-        m = data["moe"]
-        _section(m, "moe", ("hidden_size", "intermediate_size", "num_experts", "top_k",
-                            "renormalize", "block_size"))
-        moe = MoeSpec(
-            hidden_size=_int(m, "hidden_size", "moe"),
-            intermediate_size=_int(m, "intermediate_size", "moe"),
-            num_experts=_int(m, "num_experts", "moe"),
-            top_k=_int(m, "top_k", "moe"),
-            renormalize=_bool(m, "renormalize", "moe", True),
-            block_size=_choice(m, "block_size", "moe", MOE_BLOCK_SIZES, None),
-        )
-        _multiple("moe.hidden_size", moe.hidden_size, "quant.group_size", group)
-        _multiple("moe.intermediate_size", moe.intermediate_size, "quant.group_size", group)
-        if moe.num_experts > 512:
-            _fail("moe.num_experts", moe.num_experts, "must be <= 512")
-        if moe.top_k > moe.num_experts:
-            _fail("moe.top_k", moe.top_k, f"must be <= moe.num_experts ({moe.num_experts})")
-    else:
-        if "moe" in data:
-            _fail("moe", data["moe"], "is only allowed with pipeline: moe_w4a16")
-        if "msd" not in data:
-            _fail("msd", None, "is required for pipeline: msd_matmul")
-        s = data["msd"]
-        _section(s, "msd", ("m", "n", "k", "steps"))
-        msd = MsdSpec(m=_int(s, "m", "msd"), n=_int(s, "n", "msd"), k=_int(s, "k", "msd"),
-                      steps=_choice(s, "steps", "msd", MSD_STEPS, 3))
-        _multiple("msd.k", msd.k, "quant.group_size", group)
+def _moe(m: Any, group: int) -> MoeSpec:
+    _section(m, "moe", ("hidden_size", "intermediate_size", "num_experts", "top_k",
+                        "renormalize", "block_size"))
+    moe = MoeSpec(
+        hidden_size=_int(m, "hidden_size", "moe"),
+        intermediate_size=_int(m, "intermediate_size", "moe"),
+        num_experts=_int(m, "num_experts", "moe"),
+        top_k=_int(m, "top_k", "moe"),
+        renormalize=_bool(m, "renormalize", "moe", True),
+        block_size=_choice(m, "block_size", "moe", MOE_BLOCK_SIZES, None),
+    )
+    _multiple("moe.hidden_size", moe.hidden_size, "quant.group_size", group)
+    _multiple("moe.intermediate_size", moe.intermediate_size, "quant.group_size", group)
+    if moe.num_experts > 512:
+        _fail("moe.num_experts", moe.num_experts, "must be <= 512")
+    if moe.top_k > moe.num_experts:
+        _fail("moe.top_k", moe.top_k, f"must be <= moe.num_experts ({moe.num_experts})")
+    return moe
 
-    t = data.get("targets", {"cuda": {}, "ascend": {}})
+
+def _msd(s: Any, group: int) -> MsdSpec:
+    _section(s, "msd", ("m", "n", "k", "steps"))
+    msd = MsdSpec(m=_int(s, "m", "msd"), n=_int(s, "n", "msd"), k=_int(s, "k", "msd"),
+                  steps=_choice(s, "steps", "msd", MSD_STEPS, 3))
+    _multiple("msd.k", msd.k, "quant.group_size", group)
+    return msd
+
+
+def _targets(t: Any) -> Targets:
     _section(t, "targets", ("cuda", "ascend"))
     cuda = ascend = None
     if "cuda" in t:
         c = t["cuda"] or {}
         _section(c, "targets.cuda", ("arch",))
-        cuda = CudaTarget(_choice(c, "arch", "targets.cuda", CUDA_ARCHS, "sm_90"))
+        cuda = CudaTarget(_choice(c, "arch", "targets.cuda", CUDA_ARCHS, CudaTarget.arch))
     if "ascend" in t:
         a = t["ascend"] or {}
         _section(a, "targets.ascend", ("soc", "aic_cores", "aiv_cores"))
@@ -262,7 +269,4 @@ def parse_spec(data: Any) -> Spec:
                   "the MSD kernel runs 1 AIC : 2 AIV")
     if cuda is None and ascend is None:
         _fail("targets", t, "must name at least one of: cuda, ascend")
-
-    return Spec(name=name, pipeline=pipeline, dtype=dtype, moe=moe, quant=quant, tokens=tokens,
-                msd=msd, schedule=schedule, lowering=lowering,
-                targets=Targets(cuda=cuda, ascend=ascend))
+    return Targets(cuda=cuda, ascend=ascend)
