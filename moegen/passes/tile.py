@@ -221,13 +221,19 @@ def narrow_tail_edge(top_k: int, experts: int) -> int:
     return NARROW_MAX_SLOTS * experts // top_k
 
 
+def tall_fits(n: int) -> bool:
+    """Whether the tall tile takes a weight of n columns: whole 64-column tiles, in whole CTAs
+    of TALL_TILE's column tiles."""
+    block_n = GEMM_TILE["block_n"]
+    return n % block_n == 0 and (n // block_n) % TALL_TILE["col_tiles"] == 0
+
+
 def tall_edge(spec) -> int | None:
     """The smallest call whose average expert gets TALL_SLOTS slots, where the tall tile fits
-    both GEMMs (their 64-column tiles in whole CTAs of 4) and lies above the decode sizes."""
+    both GEMMs and lies above the decode sizes."""
     m = spec.moe
     edge = -(-TALL_SLOTS * m.num_experts // m.top_k)
-    fits = all(n % 64 == 0 and (n // 64) % TALL_TILE["col_tiles"] == 0
-               for n in (2 * m.intermediate_size, m.hidden_size))
+    fits = tall_fits(2 * m.intermediate_size) and tall_fits(m.hidden_size)
     return edge if fits and DECODE_MAX_TOKENS < edge <= spec.tokens.max else None
 
 
@@ -672,7 +678,7 @@ class TilePass(Pass):
         cta = {**ksplit, "split_many": ksplit["split_k"], "col_tiles": 1, "warp_rows": 0,
                "wgmma": False, "ctas_per_sm": 0, "tall": block == TALL_BLOCK}
         if block == TALL_BLOCK:
-            if ntiles % TALL_TILE["col_tiles"] or n % GEMM_TILE["block_n"]:
+            if not tall_fits(n):
                 raise PipelineError(f"tuning entry: a bucket of block {TALL_BLOCK} (the tall "
                                     f"tile) needs the weight's {n} columns in whole CTAs of "
                                     f"{TALL_TILE['col_tiles']} tiles of 64")
