@@ -211,7 +211,8 @@ class MoeConfig:
     the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
     prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
     tile allows (at decode sizes split over K: the tile pass's default where an average expert
-    gets more than 13 slots; the sweep keeps it where no candidate beats it)."""
+    gets more than 13 slots; the sweep keeps it where no candidate beats it); moe_block 128:
+    the tall tile (its k a stage, columns, rows and warps its own; only the stages vary)."""
     moe_block: int
     split_k: int
     stages: int = 8
@@ -223,12 +224,15 @@ class MoeConfig:
     wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
+        from .build import TALL_BLOCK
         down = self.split_k if self.split_k_down is None else self.split_k_down
-        return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [
-            f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
-            f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
-            f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}",
-            "alloc"])
+        tile = (f"tile{{moe-block={TALL_BLOCK},stages={self.stages}}}"
+                if self.moe_block == TALL_BLOCK else
+                f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
+                f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
+                f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}")
+        return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [tile,
+                                                                                    "alloc"])
 
     def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
@@ -246,18 +250,39 @@ TILE_CHOICES = ((16, 4), (32, 4), (16, 2))
 WIDE_CHOICES = ((4, 32, 32, 1), (8, 32, 32, 1), (4, 32, 32, 0), (2, 32, 32, 0), (4, 16, 32, 0),
                 (4, 32, 64, 1), (4, 32, 64, 0), (2, 32, 64, 0))
 WIDE_STAGE_CHOICES = (4, 2, 6)
+# the tall tile's ring depths, the default first (3 is its least)
+TALL_STAGE_CHOICES = (4, 3)
 
 
-def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
+def tall_configs(spec: Spec, tokens: int, arch: str | None) -> list[MoeConfig]:
+    """The tall tile's candidates at a prefill token count, where the plan's arch has warpgroup
+    MMA and both GEMMs' columns fill its CTAs (elsewhere its kernel is a slower wide CTA)."""
+    from .build import TALL_BLOCK
+    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, TALL_TILE, WGMMA_ARCHS,
+                              tall_block_k, tall_fits)
+    m = spec.moe
+    if (tokens <= DECODE_MAX_TOKENS or (arch or spec.cuda_arch) not in WGMMA_ARCHS
+            or not (tall_fits(2 * m.intermediate_size) and tall_fits(m.hidden_size))
+            or m.block_size):
+        return []
+    return [MoeConfig(TALL_BLOCK, 1, d, 1, tall_block_k(spec.quant.group_size),
+                      GEMM_TILE["warps"], TALL_TILE["col_tiles"], TALL_TILE["warp_rows"], 1)
+            for d in TALL_STAGE_CHOICES]
+
+
+def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeConfig]:
     """Candidates for one token count: the blocks the routing buffers allow up to twice what an
     average routed expert needs, every split-K of each GEMM that divides its K steps over its
     warps (split-K only for decode sizes, T <= 64, where some SMs would otherwise idle), ring
     depths 2, 4, 8 (the tile pass lowers a depth that does not fit shared memory, so such
     candidates are left out as duplicates), and the (k per stage, warps) of TILE_CHOICES that
     divide K and the group; at prefill sizes (T > 64) first the wide CTA in the blocks it takes
-    (WIDE_CHOICES x WIDE_STAGE_CHOICES)."""
+    (WIDE_CHOICES x WIDE_STAGE_CHOICES) and the tall tile (tall_configs, in a plan for `arch`,
+    the spec's where None; its block of 128 under the same bound), whichever the tile pass picks
+    at `tokens` first."""
+    from .build import TALL_BLOCK
     from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, WIDE_BLOCKS, fit_warps, gemm_stages,
-                              splits_evenly, wide_epilogue_fits)
+                              splits_evenly, tall_edge, wide_epilogue_fits)
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -274,6 +299,9 @@ def config_space(spec: Spec, tokens: int) -> list[MoeConfig]:
                 for d in WIDE_STAGE_CHOICES
                 if spec.quant.group_size % block_k == 0 and rows <= b
                 and wide_epilogue_fits(cols, b)]
+        tall = tall_configs(spec, tokens, arch) if TALL_BLOCK <= useful else []
+        edge = tall_edge(spec)
+        out = tall + out if edge is not None and tokens >= edge else out + tall
     for block_k, warps in TILE_CHOICES:
         if spec.quant.group_size % block_k:
             continue
@@ -386,9 +414,12 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
 def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
     """Whether two configs build the same kernels (a ring depth the block cannot hold is cut
     by the tile pass, so 8 and 5 stages are the same for block 32)."""
-    from .passes.tile import gemm_stages, wgmma_fits, wide_stages
+    from .build import TALL_BLOCK
+    from .passes.tile import gemm_stages, tall_stages, wgmma_fits, wide_stages
 
     def built(c: MoeConfig) -> tuple:
+        if c.moe_block == TALL_BLOCK:      # the tall tile: only its ring depth varies
+            return (TALL_BLOCK, tall_stages(c.stages, c.block_k))
         if c.col_tiles > 1:     # the wide CTA: its warps follow from its shape
             rows = min(c.warp_rows, c.moe_block)
             stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
@@ -521,7 +552,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             if packed is None:        # the weight layout does not depend on the config: pack once
                 packed = default.pack(w13, s13, w2, s2)
             default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
-            space = config_space(spec, t)
+            space = config_space(spec, t, default.arch)
             best = (math.inf, None)
             timed = 0
             with AheadCompiler(_nvrtc_inputs(spec, space, default.arch, layers), pool,

@@ -205,24 +205,69 @@ def test_default_config_is_recognised_in_the_sweep():
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1))
 
 
-def test_a_kept_tall_default_is_the_tall_tile_again(tmp_path):
-    """Autotune records the default where no candidate beats it; at prefill sizes from 256
-    slots an expert that is the tall tile (block 128), which the recorded entry gives back."""
-    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
-    results = [{"tokens": t, "config": at.default_config(mixtral, t).as_dict(), "time_us": 1.0,
-                "default_us": 1.0, "checked": True} for t in (64, 2048)]
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_a_kept_tall_default_is_the_tall_tile_again(tmp_path, name):
+    """Autotune records the default where no candidate beats it; at prefill sizes from 64
+    slots an expert that is the tall tile (block 128), which the recorded entry gives back,
+    also where K over the K-split CTA's 4 warps is no whole number of 128-k stages (Qwen3's
+    I = 768, DeepSeek's 1408: the tall tile runs the whole K in one CTA)."""
+    spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+    results = [{"tokens": t, "config": at.default_config(spec, t).as_dict(), "time_us": 1.0,
+                "default_us": 1.0, "checked": True} for t in (64, 4096)]
     assert results[1]["config"]["moe_block"] == 128
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(mixtral, H200, results)
-    module = lower(mixtral, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    at.TuningDB(path).record(spec, H200, results)
+    module = lower(spec, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
     for op in module.function().ops:
         if op.NAME == "moe.grouped_gemm_w4a16":
             tile = op.attrs["tile"]
             assert op.attrs["block_buckets"][-1] == [8192, 128]
             assert (tile["tall"][-1], tile["block_k"][-1], tile["stages"][-1]) == (True, 128, 4)
             assert not tile["tall"][0]
-    plan = emit_moe(mixtral, module, "tuned").plan
+    plan = emit_moe(spec, module, "tuned").plan
     assert plan["gemms"][0]["variants"][-1]["kernel"].endswith("_tall_p4_k128")
+
+
+def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
+    """At prefill sizes whose average expert passes 32 slots the sweep times the tall tile at
+    its two ring depths (first where the tile pass picks it), in plans for an arch with
+    warpgroup MMA only; a candidate's pipeline builds the tall tile, and a recorded one gives
+    its depth back."""
+    from moegen.passes.tile import tall_edge
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    for spec in (mixtral, QWEN):
+        edge = tall_edge(spec)
+        for t in (edge, 4096):
+            space = at.config_space(spec, t)
+            assert [c.stages for c in space[:2]] == [4, 3] and space[0].moe_block == 128
+            assert at.same_tile(space[0], at.default_config(spec, t))
+            assert not at.same_tile(space[1], at.default_config(spec, t))
+            assert sum(c.moe_block == 128 for c in space) == 2
+            assert not any(c.moe_block == 128 for c in at.config_space(spec, t, "sm_90"))
+    # below the tall edge, after the wide CTA's candidates, from 33 slots an expert
+    space = at.config_space(mixtral, 200)                  # 50 slots: the wide CTA's default
+    tall = [i for i, c in enumerate(space) if c.moe_block == 128]
+    wide = [i for i, c in enumerate(space) if c.col_tiles > 1 and c.moe_block != 128]
+    assert space[0].moe_block == 32 and [space[i].stages for i in tall] == [4, 3]
+    assert tall == [max(wide) + 1, max(wide) + 2]
+    for t in (64, 128):                                    # 16 and 32 slots
+        assert not any(c.moe_block == 128 for c in at.config_space(mixtral, t))
+    tall3 = at.config_space(mixtral, 2048)[1]
+    module, _, pm = lower(mixtral, "cuda", tall3.pipeline(), tuning=None, arch="sm_90a")
+    plan = emit_moe(mixtral, module, pm.pipeline, "sm_90a").plan
+    assert all(v["kernel"].endswith("_b128_c4_tall_p3_k128")
+               for g in plan["gemms"] for v in g["variants"])
+    # the tall tile's depth: 3 at least, 4 at most (5 stages of 128 k pass 227 KB)
+    assert at.same_tile(dataclasses.replace(tall3, stages=2), tall3)
+    assert at.same_tile(dataclasses.replace(tall3, stages=8), at.config_space(mixtral, 2048)[0])
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(mixtral, H200, [
+        {"tokens": t, "config": c.as_dict(), "time_us": 1.0, "default_us": 1.0, "checked": True}
+        for t, c in ((64, at.default_config(mixtral, 64)), (2048, tall3))])
+    module = lower(mixtral, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    tiles = [op.attrs["tile"] for op in module.function().ops
+             if op.NAME == "moe.grouped_gemm_w4a16"]
+    assert all((t["tall"][-1], t["stages"][-1]) == (True, 3) for t in tiles)
 
 
 def test_sweep_covers_k_per_stage_and_warps_default_first():
@@ -400,6 +445,35 @@ def test_short_prefill_autotune_on_the_gpu(tmp_path):
                                                          c["block_k"])
     if c["col_tiles"] > 1:
         assert v["warp_rows"] == min(c["warp_rows"], c["moe_block"])
+
+
+@pytest.mark.gpu
+def test_short_tall_autotune_on_the_gpu(tmp_path):
+    """From 64 slots an expert on a GPU with warpgroup MMA the sweep starts with the tall
+    tile at both ring depths: each is checked against the reference and timed, and the config
+    recorded (the tall tile unless another beats it by 5%) is what the plan runs."""
+    pytest.importorskip("cupy")
+    from moegen.targets.cuda.runtime import device_arch
+    if device_arch() != "sm_90a":
+        pytest.skip("the tall tile is swept where the GPU has warpgroup MMA (sm_90a)")
+    db = at.TuningDB(tmp_path / "t.json")
+    spec = moegen.load_spec({"name": "tall-small", "pipeline": "moe_w4a16",
+                             "moe": {"hidden_size": 256, "intermediate_size": 256,
+                                     "num_experts": 8, "top_k": 2},
+                             "tokens": {"max": 512}, "targets": {"cuda": {"arch": "sm_90a"}}})
+    space = at.config_space(spec, 256, "sm_90a")
+    assert [(c.moe_block, c.stages) for c in space[:2]] == [(128, 4), (128, 3)]
+    lines = []
+    (r,) = at.autotune_moe(spec, [256], db, budget_s=60, reps=3, log=lines.append)
+    assert r["checked"]
+    assert not [line for line in lines if "moe_block=128" in line and "infinite" in line], lines
+    layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
+                                                        at.Device.current()))
+    (v,) = layer.plan["gemms"][0]["variants"]
+    c = r["config"]
+    assert (v["block"], v["tall"]) == (c["moe_block"], c["moe_block"] == 128)
+    if v["tall"]:
+        assert v["stages"] == c["stages"]
 
 
 @pytest.mark.gpu

@@ -375,6 +375,28 @@ def test_prefill_tall_tile(rng, arch):
         assert_graph_replays(rng, layer, host, packed, 1200, pushes=(0.0, 30.0))
 
 
+@pytest.mark.parametrize("stages", [4, 3])
+def test_tall_tile_at_every_size(rng, stages):
+    """tile{moe-block=128} (what autotune's tall candidates build): the tall tile in every
+    bucket, the decode ones too, where a block holds from one slot up. Against the reference
+    from T = 1 (the single-token bucket of its own) over the decode buckets to prefill, two runs
+    bitwise equal, and a graph replayed at a decode size."""
+    spec = moe_spec(4096, 1024, 8, 2, tokens_max=1024)
+    layer = layer_for(spec, pipeline=f"fuse-align,fuse-swiglu,tile{{moe-block=128,stages={stages}}},"
+                                     "alloc")
+    for g in layer.plan["gemms"]:
+        assert [v["max_tokens"] for v in g["variants"]][0] == 1
+        assert all(v["tall"] and v["stages"] == stages and v["split"] == 1 for v in g["variants"])
+    m = spec.moe
+    host = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, 128)
+    packed = layer.pack(*host)
+    assert_matches_reference(rng, layer, (1, 2, 5, 16, 33, 64, 300))
+    x = cp.asarray(rng.standard_normal((7, m.hidden_size)).astype(np.float16))
+    logits = cp.asarray(rng.standard_normal((7, m.num_experts)).astype(np.float32))
+    assert_two_runs_bitwise_equal(layer, x, logits, packed, "moe-block=128, T = 7")
+    assert_graph_replays(rng, layer, host, packed, 3)
+
+
 def test_unfused_swiglu(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), fuse_swiglu=False)
     assert "moe_swiglu" in [k["name"] for k in layer.plan["kernels"]]

@@ -12,6 +12,7 @@ from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocE
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
 from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling, single_token_bucket
+from moegen.targets.cuda.emitter import emit_moe
 from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
 
@@ -335,12 +336,12 @@ def test_tall_tile_in_large_prefill_buckets():
     for most, got in ((8, 4), (5, 4), (3, 3), (2, 3)):
         for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{stages={most}}},alloc"):
             assert t["stages"][-1] == got
-    with pytest.raises(PipelineError, match=r"tile\{moe-block=128\}: the K-split and wide CTAs "
-                                            r"take blocks of up to 64 rows"):
-        lower(MOE, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")
     # 2 I = 320 columns: 5 tiles, not whole CTAs of 4
     odd = moegen.load_spec(gpu_cases.moe_spec(256, 160, 8, 2, tokens_max=4096, group=32))
     assert not any(any(t["tall"]) for t in gemm_tiles(odd))
+    with pytest.raises(PipelineError, match=r"tile\{moe-block=128\} \(the tall tile\) needs the "
+                                            r"weight's 320 columns"):
+        lower(odd, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")
     # a tuning entry may give block 128 only where the tall tile fits
     entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [4096, 128, 1, 4, 1, 16, 4]]}
     ctx_tuning = type("Entry", (), {"lookup": lambda self, spec, target: entry})()
@@ -352,6 +353,36 @@ def test_tall_tile_in_large_prefill_buckets():
         tiles = gemm_tiles(moegen.load_spec(gpu_cases.moe_spec(256, 128, 8, 2, tokens_max=4096,
                                                                group=group)))
         assert all(t["tall"][-1] and t["block_k"][-1] == group for t in tiles), group
+
+
+def test_moe_block_128_is_the_tall_tile_for_every_call():
+    """tile{moe-block=128}: every bucket, decode ones too, takes the tall tile (the whole K, no
+    split, launched plainly), with stages=N as its only other option; options that pin another
+    tile, and a tuning entry that splits a tall bucket, are errors."""
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"):
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        for stages, want in ((None, 4), (3, 3), (8, 4)):
+            opts = "moe-block=128" + (f",stages={stages}" if stages else "")
+            module, _, pm = lower(spec, "cuda", f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc",
+                                  tuning=None)
+            buckets = module.function().op("moe.align").attrs["block_buckets"]
+            assert {b for _, b in buckets} == {128}
+            for t in gemm_tiles(spec, f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc"):
+                assert all(t["tall"]) and set(t["split_k"]) == {1} and set(t["stages"]) == {want}
+            plan = emit_moe(spec, module, pm.pipeline, "sm_90a").plan
+            for g in plan["gemms"]:
+                assert all(v["tall"] and v["follows_from"] is None for v in g["variants"]), name
+    for opts in ("block-k=32", "wide-cols=4", "warp-rows=32", "wgmma=1", "warps=4", "split-k=2",
+                 "split-k-down=2", "tall=1"):
+        with pytest.raises(PipelineError, match=r"tile\{moe-block=128\} is the tall tile.*drop "
+                                                + opts.split("=")[0]):
+            lower(MOE, "cuda", f"fuse-align,fuse-swiglu,tile{{moe-block=128,{opts}}},alloc")
+    with pytest.raises(PipelineError, match=r"tile\{moe-block=256\}: must be one of"):
+        lower(MOE, "cuda", "tile{moe-block=256}")
+    entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [8192, 128, 2, 4, 1, 128, 4, 4, 32, 1]]}
+    split_tall = type("Entry", (), {"lookup": lambda self, spec, target: entry})()
+    with pytest.raises(PipelineError, match=r"tuning entry: split-k 2 in a bucket of block 128"):
+        lower(MOE, "cuda", tuning=split_tall)
 
 
 def msd_tile(m: int, pipeline: str | None = None) -> dict:

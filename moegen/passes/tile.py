@@ -62,7 +62,8 @@ MoE (`moe_w4a16`):
   is the wide CTA of that block (16 warps of 32 rows, 64 k a stage), slower than block 32
   there, so other archs' plans have no tall bucket unless ``tall=1`` asks for one.
   ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols`` or ``warp-rows`` keep the wide CTA there;
-  a tuning entry's bucket of block 128 is the tall tile.
+  a tuning entry's bucket of block 128 is the tall tile (at the entry's stages, split 1), and
+  ``moe-block=128`` puts the tall tile in every bucket (``stages`` its only other option).
 - Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
   order-preserving integer keys, two per pick; measured 1 to 1.4 us faster than shuffle per
   decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
@@ -245,6 +246,15 @@ def tall_block_k(group: int) -> int:
     while group % bk:
         bk //= 2
     return bk
+
+
+def tall_stages(most: int, block_k: int) -> int:
+    """Ring stages of the tall tile asked for at most `most`: 3 at least, fewer than `most`
+    where the dynamic shared memory would not hold them."""
+    stages = max(3, most)
+    while stages > 3 and tall_shared_bytes(TALL_BLOCK, stages, block_k) > SHARED_OPT_IN:
+        stages -= 1
+    return stages
 
 
 def moe_buckets(spec, fixed: int | None, tall: bool = True) -> list[list[int]]:
@@ -499,7 +509,8 @@ def ascend_msd_tiling(m: int, n: int, k: int, group: int, steps: int, aic_cores:
 class TilePass(Pass):
     name = "tile"
     OPTIONS = {
-        "moe-block": Option(int, None, "one moe block size for every token count",
+        "moe-block": Option(int, None, "one moe block size for every token count (128: the "
+                                       "tall tile, with stages=N its only other option)",
                             choices=(1, 2, 4, 8, 16, 32, 64, 128)),
         "block-n": Option(int, None, "columns per CTA (MoE: the packed tile, 64; MSD: 16..256)",
                           choices=MSD_BLOCK_N),
@@ -548,11 +559,20 @@ class TilePass(Pass):
     def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
         fixed = self.option("moe-block")
-        if fixed is not None and fixed > max(MOE_BLOCK_CHOICES):
+        if fixed == TALL_BLOCK:
+            # the tall tile for every call: it sets its own k a stage, columns, rows and warps,
+            # and runs the whole K in one CTA
+            pinned = [name for name in ("block-k", "wide-cols", "warp-rows", "wgmma", "warps",
+                                        "split-k", "split-k-down", "tall")
+                      if self.option(name) is not None]
+            if pinned:
+                raise PipelineError(f"tile{{moe-block={TALL_BLOCK}}} is the tall tile, whose "
+                                    f"tile is its own (only stages=N applies); drop "
+                                    f"{', '.join(pinned)}")
+        elif fixed is not None and fixed > max(MOE_BLOCK_CHOICES):
             raise PipelineError(f"tile{{moe-block={fixed}}}: the K-split and wide CTAs take "
-                                f"blocks of up to {max(MOE_BLOCK_CHOICES)} rows ({TALL_BLOCK} is "
-                                f"the tall tile's, which prefill calls take where an average "
-                                f"expert gets {TALL_SLOTS} slots)")
+                                f"blocks of up to {max(MOE_BLOCK_CHOICES)} rows ({TALL_BLOCK}: "
+                                f"the tall tile)")
         # a tuning entry gives the tile per bucket, unless options fixing block or split say
         # otherwise
         tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
@@ -624,8 +644,10 @@ class TilePass(Pass):
         warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if single and i == 0
                                        else GEMM_TILE["warps"]))
                  for i, b in enumerate(tuned)]
-        for bk, w in zip(block_k, warps):
-            if not splits_evenly(k_dim, 1, w, bk) or spec.quant.group_size % bk:
+        # (a tall-tile bucket takes k a stage, warps and the whole K of its own: _bucket_cta)
+        tall = [block == TALL_BLOCK for _, block in buckets]
+        for bk, w, t in zip(block_k, warps, tall):
+            if not t and (not splits_evenly(k_dim, 1, w, bk) or spec.quant.group_size % bk):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
                                     f"group {spec.quant.group_size}, is not a whole number of "
                                     f"{bk}-deep stages")
@@ -643,12 +665,15 @@ class TilePass(Pass):
             floors = [1 if single and i == 1 else bucket_floor(buckets, i)
                       for i in range(len(buckets))]
             splits = [
-                1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
+                1 if edge > DECODE_MAX_TOKENS or tall[i] else split or decode_split_k(
                     k_dim, n, min(spec.moe.num_experts, floors[i] * spec.moe.top_k),
                     {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]})
                 for i, (edge, _) in enumerate(buckets)]
-        for sp, w, bk in zip(splits, warps, block_k):
-            if splits_evenly(k_dim, sp, w, bk):
+        for sp, w, bk, t in zip(splits, warps, block_k, tall):
+            if t and sp != 1:
+                raise PipelineError(f"tuning entry: split-k {sp} in a bucket of block "
+                                    f"{TALL_BLOCK}; the tall tile runs the whole K (split-k 1)")
+            if t or splits_evenly(k_dim, sp, w, bk):
                 continue
             if tuned_buckets:
                 raise PipelineError(f"tuning entry: split-k {sp} does not divide K = {k_dim} "
@@ -679,17 +704,16 @@ class TilePass(Pass):
                "wgmma": False, "ctas_per_sm": 0, "tall": block == TALL_BLOCK}
         if block == TALL_BLOCK:
             if not tall_fits(n):
-                raise PipelineError(f"tuning entry: a bucket of block {TALL_BLOCK} (the tall "
-                                    f"tile) needs the weight's {n} columns in whole CTAs of "
-                                    f"{TALL_TILE['col_tiles']} tiles of 64")
+                where = ("tile{moe-block=" + str(TALL_BLOCK) + "}" if self.option("moe-block")
+                         else "tuning entry: a bucket of block " + str(TALL_BLOCK))
+                raise PipelineError(f"{where} (the tall tile) needs the weight's {n} columns in "
+                                    f"whole CTAs of {TALL_TILE['col_tiles']} tiles of 64")
             # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
             # wide CTA of the same block and columns, one warp per 32 rows of a column tile);
             # stages=N or the entry's is the most, as for the other tiles: fewer where the
             # shared memory would not hold them, and 3 at least
             bk = tall_block_k(group)
-            stages = max(3, self._pick("stages", b, 3, TALL_TILE["stages"]))
-            while stages > 3 and tall_shared_bytes(block, stages, bk) > SHARED_OPT_IN:
-                stages -= 1
+            stages = tall_stages(self._pick("stages", b, 3, TALL_TILE["stages"]), bk)
             return {**cta, "col_tiles": TALL_TILE["col_tiles"],
                     "warp_rows": TALL_TILE["warp_rows"], "block_k": bk, "stages": stages,
                     "warps": TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"],
