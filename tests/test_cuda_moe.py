@@ -387,7 +387,7 @@ def test_tall_tile_at_every_size(rng, stages):
     for g in layer.plan["gemms"]:
         assert [v["max_tokens"] for v in g["variants"]][0] == 1
         assert all(v["tall"] and v["stages"] == stages and v["split"] == 1 for v in g["variants"])
-    m = spec.moe
+    m = layer.spec.moe
     host = moe_weights(rng, m.num_experts, m.hidden_size, m.intermediate_size, 128)
     packed = layer.pack(*host)
     assert_matches_reference(rng, layer, (1, 2, 5, 16, 33, 64, 300))
