@@ -704,8 +704,8 @@ class TilePass(Pass):
                "wgmma": False, "ctas_per_sm": 0, "tall": block == TALL_BLOCK}
         if block == TALL_BLOCK:
             if not tall_fits(n):
-                where = ("tile{moe-block=" + str(TALL_BLOCK) + "}" if self.option("moe-block")
-                         else "tuning entry: a bucket of block " + str(TALL_BLOCK))
+                where = (f"tile{{moe-block={TALL_BLOCK}}}" if self.option("moe-block")
+                         else f"tuning entry: a bucket of block {TALL_BLOCK}")
                 raise PipelineError(f"{where} (the tall tile) needs the weight's {n} columns in "
                                     f"whole CTAs of {TALL_TILE['col_tiles']} tiles of 64")
             # the tall tile (grouped_gemm_wgmma_tall; where the GPU has no warpgroup MMA, the
