@@ -124,7 +124,8 @@ class TuningDB:
 
     def lookup(self, spec: Spec, device: Device) -> dict | None:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
-        split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma], ...]};
+        split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma, wide_decode],
+        ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "vec_warps", "cube_warps", "split_k", "stages", "occupancy", "schedule"}, stages and
         occupancy absent from entries recorded before them, or {"split_k"} for dequant)."""
@@ -143,7 +144,7 @@ class TuningDB:
                              r["config"].get("split_k_down", r["config"]["split_k"]),
                              r["config"].get("block_k", 16), r["config"].get("warps", 4),
                              r["config"].get("col_tiles", 1), r["config"].get("warp_rows", 32),
-                             r["config"].get("wgmma", 0)]
+                             r["config"].get("wgmma", 0), r["config"].get("wide_decode", 0)]
                             for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
@@ -211,8 +212,10 @@ class MoeConfig:
     the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
     prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
     tile allows (at decode sizes split over K: the tile pass's default where an average expert
-    gets more than 13 slots; the sweep keeps it where no candidate beats it); moe_block 128:
-    the tall tile (its k a stage, columns, rows and warps its own; only the stages vary)."""
+    gets more than 13 slots, wide_decode 1: registers capped for its CTAs an SM, and a split
+    of its own doubled in the grid for calls to pick from, as the tile pass builds that bucket;
+    the sweep keeps it where no candidate beats it); moe_block 128: the tall tile (its k a
+    stage, columns, rows and warps its own; only the stages vary)."""
     moe_block: int
     split_k: int
     stages: int = 8
@@ -222,6 +225,7 @@ class MoeConfig:
     col_tiles: int = 1
     warp_rows: int = 32                      # the wide CTA's rows per warp
     wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
+    wide_decode: int = 0                     # the wide CTA as a decode bucket's (the default's)
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         from .build import TALL_BLOCK
@@ -238,7 +242,8 @@ class MoeConfig:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
                 "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
                 "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
-                "warp_rows": self.warp_rows, "wgmma": self.wgmma}
+                "warp_rows": self.warp_rows, "wgmma": self.wgmma,
+                **({"wide_decode": 1} if self.wide_decode else {})}
 
 
 STAGE_CHOICES = (2, 4, 8)
@@ -408,7 +413,8 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
                      down.attrs["tile"]["split_many"][i], tile["block_k"][i],
                      GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols,
                      tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows,
-                     int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma)
+                     int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma,
+                     int(cols > 1 and tile["ctas_per_sm"][i] > 0))
 
 
 def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
@@ -425,7 +431,7 @@ def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
             stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
             wg = bool(c.wgmma) and wgmma_fits(c.col_tiles, rows, c.moe_block, c.block_k, stages)
             return (c.moe_block, c.col_tiles, rows, c.block_k, stages, wg, c.split_k,
-                    c.as_dict()["split_k_down"])
+                    c.as_dict()["split_k_down"], c.wide_decode)
         return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
                 gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
     return built(a) == built(b)

@@ -189,8 +189,11 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
     assert not at.same_tile(at.default_config(mixtral, 128), at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
-    assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4),
+    assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
+                                                          wide_decode=1)
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4, wide_decode=1),
+                            at.default_config(mixtral, 64))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4),
                             at.default_config(mixtral, 64))
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
@@ -226,6 +229,31 @@ def test_a_kept_tall_default_is_the_tall_tile_again(tmp_path, name):
             assert not tile["tall"][0]
     plan = emit_moe(spec, module, "tuned").plan
     assert plan["gemms"][0]["variants"][-1]["kernel"].endswith("_tall_p4_k128")
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
+    """Where the sweep keeps the default at every measured count, the entry it records builds,
+    at each of those counts, the kernels the default plan runs there (the wide decode bucket's
+    register cap and its split doubled for calls to pick from included), though the entry's
+    buckets end elsewhere."""
+    spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+    tokens = (1, 16, 53, 64, 256, 2048)
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(spec, H200, [
+        {"tokens": t, "config": at.default_config(spec, t).as_dict(), "time_us": 1.0,
+         "default_us": 1.0, "checked": True} for t in tokens])
+
+    def serving(tuning) -> dict:
+        module, _, pm = lower(spec, "cuda", tuning=tuning, arch="sm_90a")
+        plan = emit_moe(spec, module, pm.pipeline, "sm_90a").plan
+        # (where a bucket ends and the launch after the kernel before are the buckets', not
+        # the kernels')
+        return {(g["name"], t): {k: x for k, x in v.items()
+                                 if k not in ("max_tokens", "follows_from", "release_after_loop")}
+                for g in plan["gemms"] for t in tokens
+                for v in [next(v for v in g["variants"] if t <= v["max_tokens"])]}
+    assert serving(at.Tuning(at.TuningDB(path), H200)) == serving(None)
 
 
 def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):

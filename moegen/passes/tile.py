@@ -696,7 +696,9 @@ class TilePass(Pass):
         over the whole K, in a decode bucket split over K), or the K-split CTA of `ksplit`
         (block_k, warps, stages, split_k). `b`: the bucket's tuning entry, which may add
         col_tiles and warp_rows at index 7 and 8 (and then its block_k and stages are the wide
-        CTA's) and wgmma at 9; `split`: the split-k option."""
+        CTA's), wgmma at 9 and wide_decode at 10 (the wide CTA as the default builds a decode
+        bucket's: registers capped, its split doubled for calls to pick from); `split`: the
+        split-k option."""
         edge, block = buckets[i]
         ntiles = -(-n // GEMM_TILE["block_n"])
         group = spec.quant.group_size
@@ -725,8 +727,9 @@ class TilePass(Pass):
         rows = min(block, self._pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
         # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
         # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
+        wide_decode = wide and len(b) > 10 and bool(b[10])
         split_wide = cols > 1 and (
-            wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS)
+            wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS or wide_decode)
             or b is None and wide_decode_bucket(spec, buckets, i, fixed))
         ctas = 0
         if split_wide:
@@ -749,8 +752,8 @@ class TilePass(Pass):
             # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
             # the grid has the doubled split, and calls with enough blocks use half of it
             cta["split_many"] = cta["split_k"]
-            if not wide and not split and cta["split_k"] > 1 and (k_dim // group) % (
-                    2 * cta["split_k"]) == 0:
+            if (not wide or wide_decode) and not split and cta["split_k"] > 1 and (
+                    k_dim // group) % (2 * cta["split_k"]) == 0:
                 cta["split_k"] *= 2
         elif edge > DECODE_MAX_TOKENS and cta["split_k"] == 1:
             cols = wide_col_tiles(ntiles, block, cols)
