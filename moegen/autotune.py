@@ -11,8 +11,9 @@ one warning line.
 Where it lives: `--tuning-db PATH`, else $MOEGEN_TUNING_DB, else ~/.cache/moegen/tuning.json.
 
 The `tile` pass reads the entry through `Tuning.lookup`: each measured token count's best config
-serves the token counts nearest to it (bucket edges at the geometric midpoints), falling back to
-the documented defaults for anything an entry does not say.
+serves the token counts nearest to it (bucket edges at the geometric midpoints; T = 1 alone where
+the spec's plans give it a bucket of its own), falling back to the documented defaults for
+anything an entry does not say.
 """
 from __future__ import annotations
 
@@ -75,10 +76,13 @@ def entry_key(spec: Spec, device: Device) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def bucket_edges(tokens: list[int], tokens_max: int) -> list[int]:
-    """Upper token edge of each measured count's bucket: the geometric midpoints, then max."""
+def bucket_edges(tokens: list[int], tokens_max: int, single_token: bool = False) -> list[int]:
+    """Upper token edge of each measured count's bucket: the geometric midpoints, then max;
+    with `single_token` (the spec's plans give T = 1 a bucket of its own) a measured T = 1
+    serves T = 1 alone, as there."""
     ts = sorted(tokens)
-    edges = [int(math.floor(math.sqrt(a * b))) for a, b in zip(ts, ts[1:])]
+    edges = [1 if single_token and a == 1 else int(math.floor(math.sqrt(a * b)))
+             for a, b in zip(ts, ts[1:])]
     return edges + [tokens_max]
 
 
@@ -138,7 +142,9 @@ class TuningDB:
                 return None
             return {k: v for k, v in mine[0]["config"].items() if k != "lowering"}
         results = sorted(e["results"], key=lambda r: r["tokens"])
-        edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max)
+        from .passes.tile import single_token_bucket
+        edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max,
+                             single_token_bucket(spec.moe.top_k, spec.moe.hidden_size))
         return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
                              r["config"].get("stages", 8),
                              r["config"].get("split_k_down", r["config"]["split_k"]),

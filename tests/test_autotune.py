@@ -105,6 +105,9 @@ def test_config_space_is_pruned():
 
 def test_bucket_edges_pick_the_nearest_measured_count():
     assert at.bucket_edges([1, 16, 64, 256, 2048], 8192) == [4, 32, 128, 724, 8192]
+    # where the plans give T = 1 a bucket of its own, a measured T = 1 keeps it
+    assert at.bucket_edges([1, 16, 64], 8192, single_token=True) == [1, 32, 8192]
+    assert at.bucket_edges([2, 16], 8192, single_token=True) == [5, 8192]
 
 
 def test_compile_uses_the_tuned_config(tmp_path):
@@ -236,7 +239,8 @@ def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
     """Where the sweep keeps the default at every measured count, the entry it records builds,
     at each of those counts, the kernels the default plan runs there (the wide decode bucket's
     register cap and its split doubled for calls to pick from included), though the entry's
-    buckets end elsewhere."""
+    buckets end elsewhere; at T = 1 launched as the default launches them (Mixtral's
+    single-token bucket: the down GEMM under PDL after gate/up's K loop)."""
     spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
     tokens = (1, 16, 53, 64, 256, 2048)
     path = tmp_path / "t.json"
@@ -250,7 +254,8 @@ def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
         # (where a bucket ends and the launch after the kernel before are the buckets', not
         # the kernels')
         return {(g["name"], t): {k: x for k, x in v.items()
-                                 if k not in ("max_tokens", "follows_from", "release_after_loop")}
+                                 if k != "max_tokens" and (t == 1 or k not in (
+                                     "follows_from", "release_after_loop"))}
                 for g in plan["gemms"] for t in tokens
                 for v in [next(v for v in g["variants"] if t <= v["max_tokens"])]}
     assert serving(at.Tuning(at.TuningDB(path), H200)) == serving(None)
