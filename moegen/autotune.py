@@ -420,7 +420,8 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
                      GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols,
                      tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows,
                      int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma,
-                     int(cols > 1 and tile["ctas_per_sm"][i] > 0))
+                     int(cols > 1 and any(g.attrs["tile"]["ctas_per_sm"][i] > 0
+                                          for g in (up, down))))
 
 
 def same_tile(a: MoeConfig, b: MoeConfig) -> bool:

@@ -55,12 +55,16 @@ def test_launch_plan():
         assert re.search(r"__launch_bounds__\(512\)\n" + v["kernel"] + r"\(.*?"
                          r"grouped_gemm_wgmma_tall<128,.*?#else\s*moegen::grouped_gemm_wide<128, 32,"
                          r" 4,.*?, true>\(", source, re.DOTALL)
-    # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM; the
-    # partials hold every split of every tile of the largest call
+    # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM (gate/up,
+    # whole, is the prefill kernel: uncapped); the partials hold every split of every tile of
+    # the largest call
     for g in plan["gemms"]:
         v = g["variants"][3]
-        assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, 4)
-        assert re.search(r"__launch_bounds__\(128, 4\)\n" + v["kernel"] + r"\(", source)
+        capped = 4 if v["split"] > 1 else 0
+        assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, capped)
+        assert (g["name"] == "down") == bool(capped)
+        bounds = r"__launch_bounds__\(128, 4\)" if capped else r"__launch_bounds__\(128\)"
+        assert re.search(bounds + r"\n" + v["kernel"] + r"\(", source)
         if v["split"] > 1:
             blocks = -(-64 * 2 // 32) + 8
             assert ws["partials"]["bytes"] >= blocks * g["ntiles"] * 64 * 32 * 4 * v["split"]

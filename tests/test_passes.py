@@ -444,8 +444,9 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
     # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole.
     # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
-    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole, down's 8 x 16 split 4 ways,
-    # its grid split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split)
+    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole (the prefill kernel, its
+    # registers not capped), down's 8 x 16 split 4 ways, capped for 4 CTAs an SM, its grid
+    # split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split)
     # From T = 256 (64 slots an average expert) the tall tile of block 128 (16 warps).
     assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [255, 32],
                                               [8192, 128]]
@@ -454,10 +455,10 @@ def test_split_k_divides_k_and_fills_the_gpu():
     assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 8, 1, 1]
     assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4,
                                                                                   16]
-    for op in gemms:
+    for op, capped in zip(gemms, (0, 4)):
         tile = op.attrs["tile"]
         assert tile["col_tiles"] == [1, 1, 1, 4, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 3
-        assert tile["stages"][3:] == [4, 4, 4] and tile["ctas_per_sm"] == [0, 0, 0, 4, 0, 0]
+        assert tile["stages"][3:] == [4, 4, 4] and tile["ctas_per_sm"] == [0, 0, 0, capped, 0, 0]
         assert tile["tall"] == [False] * 5 + [True] and tile["block_k"][-1] == 128
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
@@ -588,13 +589,15 @@ def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
         up, down = [op.attrs["tile"] for op in module.function().ops
                     if op.NAME == "moe.grouped_gemm_w4a16"]
         for tile, n in ((up, 14336 * 2), (down, 4096)):
-            assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (cols, ctas)
             grid = 8 * n // 64 // cols             # CTAs per K range, every expert routed
             split = tile["split_many"][3]
             # doubled while the CTAs fit, or 1 where one split fills the SMs already; a split
-            # above 1 doubled again in the grid, for calls of fewer blocks (call_split)
+            # above 1 doubled again in the grid, for calls of fewer blocks (call_split), and
+            # the registers capped for those CTAs an SM (1: the prefill kernel, uncapped)
             assert grid * split <= max(grid, ctas * 132) < grid * split * 2
             assert tile["split_k"][3] == (2 * split if split > 1 else 1)
+            assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (
+                cols, ctas if split > 1 else 0)
         assert down["split_many"][3] == down_split
 
 

@@ -37,8 +37,9 @@ MoE (`moe_w4a16`):
   divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
   Where an average expert gets more than WIDE_DECODE_SLOTS (13) slots in decode calls (Mixtral
   T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
-  (_wide_decode_split) and its registers capped for 16 warps an SM (``ctas_per_sm``: 4 CTAs of
-  one warpgroup, 2 of two), which pins its copy addresses in registers: its cost
+  (_wide_decode_split) and, where split, its registers capped for 16 warps an SM
+  (``ctas_per_sm``: 4 CTAs of one warpgroup, 2 of two), which pins its copy addresses in
+  registers (a GEMM left whole, as Mixtral's gate/up, is the prefill kernel, uncapped): its cost
   is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
   H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
   dependent launch 320 against 301 us at T = 64). Where that split is above 1 (Mixtral's down
@@ -755,6 +756,11 @@ class TilePass(Pass):
             if (not wide or wide_decode) and not split and cta["split_k"] > 1 and (
                     k_dim // group) % (2 * cta["split_k"]) == 0:
                 cta["split_k"] *= 2
+            # a GEMM the split leaves whole is the prefill kernel, without the register cap
+            # (measured on the H200, Mixtral T = 53..64 with gate/up so: the layer 2.4% faster,
+            # docs/PERF.md "Autotune's tall candidates; ...")
+            if cta["split_k"] == 1:
+                ctas = 0
         elif edge > DECODE_MAX_TOKENS and cta["split_k"] == 1:
             cols = wide_col_tiles(ntiles, block, cols)
         else:

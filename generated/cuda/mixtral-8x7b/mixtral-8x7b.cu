@@ -318,20 +318,6 @@ moe_gemm_gate_up_b16_s1_p8(const half* a, const uint4* w, const uint4* scales, c
 }
 
 // gate_up: K = 4096, 448 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on mma.sync
-// (registers capped for 4 CTAs an SM: decode-sized calls stream weights, and more CTAs keep more in flight; on warpgroup MMA its copy addresses are pinned in registers)
-extern "C" __global__ void __launch_bounds__(128, 4)
-moe_gemm_gate_up_b32_c4_r32_p4_k32_wg_o4(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false, 0, 1, true>(
-#else
-  moegen::grouped_gemm_wide<32, 32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
-#endif
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
-}
-
-// gate_up: K = 4096, 448 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on mma.sync
 extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
