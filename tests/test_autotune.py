@@ -187,10 +187,15 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 8, warps=2)
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
-    assert at.default_config(mixtral, 128) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    # T = 65..255: the wide CTA, its down GEMM split 4 as at decode (16 blocks x 16 tiles leave
+    # the SMs short); Qwen3's prefill bucket of block 32 fills them unsplit
+    assert at.default_config(mixtral, 128) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
+                                                           wide_decode=1)
+    assert at.default_config(QWEN, 512) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
+    wide = at.default_config(QWEN, 512)
     # from T = 256 (64 slots an expert) the tall tile: block 128, 128 k a stage
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
-    assert not at.same_tile(at.default_config(mixtral, 128), at.default_config(mixtral, 2048))
+    assert not at.same_tile(wide, at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
                                                           wide_decode=1)
@@ -201,10 +206,11 @@ def test_default_config_is_recognised_in_the_sweep():
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
     assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
-    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), at.default_config(mixtral, 128))
+    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), wide)
     assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), at.default_config(mixtral, 128))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), at.default_config(mixtral, 128))
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), wide)
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), wide)
+    assert not at.same_tile(wide, at.default_config(mixtral, 128))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
     assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))

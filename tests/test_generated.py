@@ -336,17 +336,22 @@ def test_fused_topk_sum_plan():
         assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
         # the K-split call ends its template arguments with DENSE = false, SUM_TOPK = 2 and
         # FOLLOWS = true (programmatic dependent launch), the wide ones with MUL_WEIGHTS = true,
-        # SUM_TOPK = 2 (the warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with
-        # the same arguments)
-        wide = r"grouped_gemm_wide<.*true, 2>\(\s*"
+        # SUM_TOPK = 2 (then, split over K, the grid's split and the rest; the warpgroup MMA
+        # kernel for sm_90a, else the wide CTA on mma.sync, with the same arguments)
+        split = rf", {v['split']}, [^>]*" if v["split"] > 1 else ""
+        wide = r"grouped_gemm_wide<[^>]*true, 2" + split + r">\(\s*"
         if v["wgmma"]:
-            wide = r"grouped_gemm_wgmma<.*true, 2>\(\s*#else\s*moegen::" + wide + r"#endif\s*"
+            wide = (r"grouped_gemm_wgmma<[^>]*true, 2" + split + r">\(\s*#else\s*moegen::" + wide
+                    + r"#endif\s*")
         call = (r"false, 2, true>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
-                else wide + r"a, w, .*out,\s*sum_out, sum_counters\);")
+                else wide + r"a, w, .*out,\s*sum_out, sum_counters" +
+                (r", partials, counters" if split else "") + r"\);")
         if v["tall"]:   # the tall tile, else the wide CTA of its block in dynamic shared memory
             call = (r"grouped_gemm_wgmma_tall<.*true, 2>\(\s*#else\s*moegen::grouped_gemm_wide<"
                     r".*true, 2, 1, 1, 0, true>\(\s*#endif\s*a, w, .*out,\s*sum_out, sum_counters\);")
-        assert re.search(call, source[source.index(v["kernel"] + "("):], re.S), v["kernel"]
+        start = source.index(v["kernel"] + "(")
+        body = source[start:source.find("\n}\n", start)]     # this kernel's own call
+        assert re.search(call, body, re.S), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:
         assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)

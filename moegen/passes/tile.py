@@ -295,6 +295,13 @@ def wide_decode_bucket(spec, buckets: list[list[int]], index: int, fixed: int | 
             and bucket_floor(buckets, index) > wide_decode_edge(m.top_k, m.num_experts))
 
 
+def call_blocks(spec, tokens: int, block: int) -> int:
+    """The moe blocks of a call of `tokens` tokens routed evenly: one an expert it reaches, or
+    as many as its slots fill."""
+    slots = tokens * spec.moe.top_k
+    return max(min(spec.moe.num_experts, slots), -(-slots // block))
+
+
 def bucket_floor(buckets: list[list[int]], index: int) -> int:
     """The smallest token count of bucket `index`."""
     return 1 if index == 0 else buckets[index - 1][0] + 1
@@ -726,12 +733,19 @@ class TilePass(Pass):
         # (an entry without col_tiles was measured with the K-split CTA)
         cols = self._pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
         rows = min(block, self._pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
-        # the wide CTA split over K: a tuning entry's in a decode bucket (or split), or the
-        # default of a decode bucket whose experts pass WIDE_DECODE_SLOTS slots
+        # the wide CTA split over K: a tuning entry's in a decode bucket (or split, or marked
+        # wide_decode), or the default of a decode bucket whose experts pass WIDE_DECODE_SLOTS
+        # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
+        # leave the SMs short (prefill_fill; the split sized for its smallest call)
         wide_decode = wide and len(b) > 10 and bool(b[10])
+        prefill_fill = (b is None and not fixed and not split and edge > DECODE_MAX_TOKENS
+                        and block in WIDE_BLOCKS and cols > 1
+                        and call_blocks(spec, edge, block) * ntiles // wide_col_tiles(
+                            ntiles, block, cols) < wide_decode_ctas(cols * block // rows)
+                        * SM_COUNT)
         split_wide = cols > 1 and (
             wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS or wide_decode)
-            or b is None and wide_decode_bucket(spec, buckets, i, fixed))
+            or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill))
         ctas = 0
         if split_wide:
             if wide and (block not in WIDE_BLOCKS or ntiles % cols
@@ -743,10 +757,13 @@ class TilePass(Pass):
             # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
             ctas = wide_decode_ctas(cols * block // rows)
             if not wide and cols > 1:
-                cta["split_k"] = self._wide_decode_split(
-                    spec, k_dim, min(spec.moe.num_experts,
-                                     bucket_floor(buckets, i) * spec.moe.top_k) * ntiles
-                    // cols, split, ctas)
+                # the smallest call's moe blocks: one an expert routed to (decode), or as many
+                # as its slots fill (prefill)
+                floor = bucket_floor(buckets, i)
+                blocks = (call_blocks(spec, floor, block) if prefill_fill else
+                          min(spec.moe.num_experts, floor * spec.moe.top_k))
+                cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
+                                                         split, ctas, not prefill_fill)
             if (k_dim // group) % cta["split_k"]:
                 raise PipelineError(f"split-k {cta['split_k']}: the wide CTA splits K = {k_dim} "
                                     f"into whole groups of {group}")
@@ -782,20 +799,22 @@ class TilePass(Pass):
                 "wgmma": wg and wgmma_fits(cols, rows, block, bk, stages)}
 
     @staticmethod
-    def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int) -> int:
-        """K splits of a decode bucket's wide CTA (`tiles` of them in its smallest call): the
-        option's, else doubled up to about `ctas` CTAs an SM (wide_decode_ctas), then while a
-        CTA's share of K passes DECODE_CTA_STEPS k16 steps; each CTA takes whole scale groups.
-        (Measured on the H200, Mixtral T = 64, scales through the ring: its down GEMM split 4
-        301-302 us for the layer, 8 306, 2 342; gate/up, whose 896 tiles fill the SMs already,
-        2 was 3% slower than 1.)"""
+    def _wide_decode_split(spec, k_dim: int, tiles: int, fixed: int | None, ctas: int,
+                           short_k: bool = True) -> int:
+        """K splits of a bucket's wide CTA (`tiles` of them in its smallest call): the
+        option's, else doubled up to about `ctas` CTAs an SM (wide_decode_ctas), then (decode
+        buckets, `short_k`) while a CTA's share of K passes DECODE_CTA_STEPS k16 steps; each CTA
+        takes whole scale groups. (Measured on the H200, Mixtral T = 64, scales through the
+        ring: its down GEMM split 4 301-302 us for the layer, 8 306, 2 342; gate/up, whose 896
+        tiles fill the SMs already, 2 was 3% slower than 1. At T = 65..255, where prefill
+        calls left the down GEMM whole before, split 4 was 4-23% faster: docs/PERF.md.)"""
         if fixed:
             return fixed
 
         def allowed(split: int) -> bool:
             return (k_dim // spec.quant.group_size) % split == 0
         split = doubled_split(tiles, ctas, allowed)
-        while k_dim // 16 // split > DECODE_CTA_STEPS and allowed(split * 2):
+        while short_k and k_dim // 16 // split > DECODE_CTA_STEPS and allowed(split * 2):
             split *= 2
         return split
 

@@ -388,19 +388,6 @@ moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(const half* a, const uint4* w, const
       nullptr, nullptr, partials, counters);
 }
 
-// down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on mma.sync
-extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true>(
-#else
-  moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true>(
-#endif
-      a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
-}
-
 // down: K = 14336, 64 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on mma.sync
 extern "C" __global__ void __launch_bounds__(512)
 moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
