@@ -52,7 +52,11 @@ MoE (`moe_w4a16`):
   = col_tiles x block / warp_rows over the whole K, one ring of 4 stages of 32 k for the CTA
   (``stages`` and ``block-k`` set them, the ring capped at 48 KB); ``wide-cols=0`` keeps the
   K-split CTA. Measured on the H200: 1.3-1.8x faster than the K-split CTA at T = 65..2048 on
-  the three example models (docs/PERF.md). ``wgmma`` (per bucket): the wide tile on warpgroup
+  the three example models (docs/PERF.md). Where even a prefill bucket's largest call leaves
+  the SMs short of a GEMM's CTA tiles (``prefill_fill``: Mixtral's down GEMM up to T = 255,
+  16 blocks x 16 tiles), that GEMM splits over K as a decode bucket's wide CTA does (the split
+  sized for the bucket's smallest call, doubled per call, registers capped): measured 4-23%
+  faster at Mixtral T = 65..255. ``wgmma`` (per bucket): the wide tile on warpgroup
   MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
   stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
   In plans for an arch with warpgroup MMA (WGMMA_ARCHS: sm_90a; the plan's arch is the
@@ -300,6 +304,16 @@ def call_blocks(spec, tokens: int, block: int) -> int:
     as many as its slots fill."""
     slots = tokens * spec.moe.top_k
     return max(min(spec.moe.num_experts, slots), -(-slots // block))
+
+
+def prefill_short(spec, tokens: int, block: int, ntiles: int, cols: int, rows: int) -> bool:
+    """Whether a call of `tokens` tokens leaves the SMs short of a GEMM's wide CTAs (of `cols`
+    column tiles of its `ntiles`, `rows` rows a warp): fewer than the wide decode CTA's CTAs an
+    SM on every SM, unsplit."""
+    if block not in WIDE_BLOCKS:
+        return False
+    ctas = call_blocks(spec, tokens, block) * ntiles // wide_col_tiles(ntiles, block, cols)
+    return ctas < wide_decode_ctas(cols * block // rows) * SM_COUNT
 
 
 def bucket_floor(buckets: list[list[int]], index: int) -> int:
@@ -739,10 +753,7 @@ class TilePass(Pass):
         # leave the SMs short (prefill_fill; the split sized for its smallest call)
         wide_decode = wide and len(b) > 10 and bool(b[10])
         prefill_fill = (b is None and not fixed and not split and edge > DECODE_MAX_TOKENS
-                        and block in WIDE_BLOCKS and cols > 1
-                        and call_blocks(spec, edge, block) * ntiles // wide_col_tiles(
-                            ntiles, block, cols) < wide_decode_ctas(cols * block // rows)
-                        * SM_COUNT)
+                        and cols > 1 and prefill_short(spec, edge, block, ntiles, cols, rows))
         split_wide = cols > 1 and (
             wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS or wide_decode)
             or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill))
