@@ -604,6 +604,38 @@ def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
         assert down["split_many"][3] == down_split
 
 
+def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short():
+    """A prefill bucket of the wide CTA splits a GEMM over K only where even its largest call's
+    CTA tiles stay under 4 CTAs an SM on every SM: Mixtral's down GEMM up to T = 255 in plans
+    for sm_90a (16 blocks x 16 tiles = 256 < 528), not its gate/up (448 tiles a block), not
+    Qwen3's or DeepSeek's, and not Mixtral's where the bucket reaches T = 8192 (sm_80 plans,
+    tall=0); split-k=1 keeps it whole."""
+    from moegen.passes.tile import prefill_short
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    # the down GEMM (64 tiles, 16 CTA tiles a block): short up to 32 blocks (T = 512), not from
+    # 33 (T = 528); gate/up (448 tiles) never; block 128 (the tall tile) is not the wide CTA's
+    assert prefill_short(mixtral, 255, 32, 64, 4, 32) and prefill_short(mixtral, 512, 32, 64, 4, 32)
+    assert not prefill_short(mixtral, 528, 32, 64, 4, 32)
+    assert not prefill_short(mixtral, 65, 32, 448, 4, 32)
+    assert not prefill_short(mixtral, 255, 128, 64, 4, 32)
+
+    def prefill_splits(spec, arch="sm_90a", pipeline=None):
+        module = lower(spec, "cuda", pipeline, tuning=None, arch=arch)[0]
+        gemms = [op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"]
+        buckets = gemms[0].attrs["block_buckets"]
+        return [[sp for (edge, block), sp in zip(buckets, g.attrs["tile"]["split_many"])
+                 if edge > 64 and block == 32] for g in gemms]
+    assert prefill_splits(mixtral) == [[1], [4]]
+    assert prefill_splits(mixtral, "sm_80") == [[1], [1]]
+    assert prefill_splits(mixtral, pipeline="fuse-align,fuse-swiglu,tile{tall=0},alloc") == \
+        [[1], [1]]
+    assert prefill_splits(mixtral, pipeline="fuse-align,fuse-swiglu,tile{split-k=1},alloc") == \
+        [[1], [1]]
+    for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        assert all(set(s) == {1} for s in prefill_splits(spec)), name
+
+
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
     the entry says, registers capped for 4 CTAs an SM (2 of two warpgroups); a split that cuts a
