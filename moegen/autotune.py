@@ -218,8 +218,9 @@ class MoeConfig:
     the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
     prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
     tile allows (at decode sizes split over K: the tile pass's default where an average expert
-    gets more than 13 slots, wide_decode 1: registers capped for its CTAs an SM, and a split
-    of its own doubled in the grid for calls to pick from, as the tile pass builds that bucket;
+    gets more than 13 slots, and in a prefill bucket whose calls leave the SMs short;
+    wide_decode 1: split so, registers capped for its CTAs an SM, and a split of its own
+    doubled in the grid for calls to pick from, as the tile pass builds that bucket;
     the sweep keeps it where no candidate beats it); moe_block 128: the tall tile (its k a
     stage, columns, rows and warps its own; only the stages vary)."""
     moe_block: int
@@ -231,7 +232,7 @@ class MoeConfig:
     col_tiles: int = 1
     warp_rows: int = 32                      # the wide CTA's rows per warp
     wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
-    wide_decode: int = 0                     # the wide CTA as a decode bucket's (the default's)
+    wide_decode: int = 0                     # the wide CTA split over K as the default's
 
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         from .build import TALL_BLOCK

@@ -768,11 +768,7 @@ class TilePass(Pass):
             # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
             ctas = wide_decode_ctas(cols * block // rows)
             if not wide and cols > 1:
-                # the smallest call's moe blocks: one an expert routed to (decode), or as many
-                # as its slots fill (prefill)
-                floor = bucket_floor(buckets, i)
-                blocks = (call_blocks(spec, floor, block) if prefill_fill else
-                          min(spec.moe.num_experts, floor * spec.moe.top_k))
+                blocks = call_blocks(spec, bucket_floor(buckets, i), block)   # smallest call's
                 cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
                                                          split, ctas, not prefill_fill)
             if (k_dim // group) % cta["split_k"]:
