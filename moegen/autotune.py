@@ -143,8 +143,12 @@ class TuningDB:
             return {k: v for k, v in mine[0]["config"].items() if k != "lowering"}
         results = sorted(e["results"], key=lambda r: r["tokens"])
         from .passes.tile import single_token_bucket
-        edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max,
-                             single_token_bucket(spec.moe.top_k, spec.moe.hidden_size))
+        single = single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
+        if single and len(results) == 1 and results[0]["tokens"] == 1 < spec.tokens.max:
+            # T = 1 alone, as it was measured (its candidates' plans have the single-token
+            # bucket); its config serves the other counts too
+            results = results * 2
+        edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max, single)
         return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
                              r["config"].get("stages", 8),
                              r["config"].get("split_k_down", r["config"]["split_k"]),

@@ -103,11 +103,19 @@ def test_config_space_is_pruned():
         assert 6 % c.split_k == 0 and 10 % c.split_k_down == 0
 
 
-def test_bucket_edges_pick_the_nearest_measured_count():
+def test_bucket_edges_pick_the_nearest_measured_count(tmp_path):
     assert at.bucket_edges([1, 16, 64, 256, 2048], 8192) == [4, 32, 128, 724, 8192]
     # where the plans give T = 1 a bucket of its own, a measured T = 1 keeps it
     assert at.bucket_edges([1, 16, 64], 8192, single_token=True) == [1, 32, 8192]
     assert at.bucket_edges([2, 16], 8192, single_token=True) == [5, 8192]
+    # T = 1 measured alone still serves T = 1 alone; its config serves the rest too
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    db = at.TuningDB(tmp_path / "t.json")
+    db.record(mixtral, H200, [{"tokens": 1, "config": {"moe_block": 8, "split_k": 4},
+                               "time_us": 1.0, "default_us": 1.0, "checked": True}])
+    assert [b[:3] for b in db.lookup(mixtral, H200)["buckets"]] == [[1, 8, 4], [8192, 8, 4]]
+    db.record(QWEN, H200, RESULTS[:1])                # no single-token bucket: one bucket
+    assert [b[:3] for b in db.lookup(QWEN, H200)["buckets"]] == [[8192, 16, 2]]
 
 
 def test_compile_uses_the_tuned_config(tmp_path):
@@ -265,6 +273,31 @@ def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
                 for g in plan["gemms"] for t in tokens
                 for v in [next(v for v in g["variants"] if t <= v["max_tokens"])]}
     assert serving(at.Tuning(at.TuningDB(path), H200)) == serving(None)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_a_recorded_candidate_builds_what_was_measured(tmp_path, arch):
+    """Each candidate is timed as its pipeline builds it; the entry autotune records for it
+    must build, at the measured count, the same kernels launched the same way (T = 1 measured
+    alone included: there the plans' single-token bucket)."""
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+
+    def serving(t: int, pipeline: str | None, tuning) -> list:
+        module, _, pm = lower(spec, "cuda", pipeline, tuning=tuning, arch=arch)
+        plan = emit_moe(spec, module, pm.pipeline, arch).plan
+        return [{k: x for k, x in next(v for v in g["variants"] if t <= v["max_tokens"]).items()
+                 if k != "max_tokens"} for g in plan["gemms"]]
+    checked = 0
+    for t in (1, 53, 200, 2048):
+        for i, cfg in enumerate(at.config_space(spec, t, arch)):
+            path = tmp_path / f"{t}-{i}.json"
+            at.TuningDB(path).record(spec, H200, [{"tokens": t, "config": cfg.as_dict(),
+                                                   "time_us": 1.0, "default_us": 1.0,
+                                                   "checked": True}])
+            recorded = serving(t, None, at.Tuning(at.TuningDB(path), H200))
+            assert recorded == serving(t, cfg.pipeline(), None), (t, cfg)
+            checked += 1
+    assert checked > 100
 
 
 def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
