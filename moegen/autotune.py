@@ -217,16 +217,18 @@ def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """One point of the sweep: the moe block, the split-K of the gate/up and of the down GEMM,
-    the most copy-ring stages, k per ring stage and warps per CTA of a token count (block_n is
-    the packed weight tile, 64); col_tiles > 1: the wide CTA of that many column tiles at
-    prefill sizes (its warps follow from its shape), on warpgroup MMA where wgmma is 1 and its
-    tile allows (at decode sizes split over K: the tile pass's default where an average expert
-    gets more than 13 slots, and in a prefill bucket whose calls leave the SMs short;
-    wide_decode 1: split so, registers capped for its CTAs an SM, and a split of its own
-    doubled in the grid for calls to pick from, as the tile pass builds that bucket;
-    the sweep keeps it where no candidate beats it); moe_block 128: the tall tile (its k a
-    stage, columns, rows and warps its own; only the stages vary)."""
+    """One point of the sweep at one token count: the moe block, the K splits of the gate/up
+    and of the down GEMM, the most copy-ring stages, k per ring stage and warps per CTA
+    (block_n is the packed weight tile, 64).
+    - col_tiles > 1 (a prefill size's candidate): the wide CTA of that many column tiles and
+      warp_rows rows a warp (its warps follow from its shape), on warpgroup MMA where wgmma is
+      1 and its tile allows; split over K as split_k and split_k_down say, registers capped
+      where split (wide_split_configs).
+    - wide_decode 1: the wide CTA as the tile pass's default splits it (the wide decode bucket,
+      and a prefill bucket whose calls leave the SMs short): registers capped, its split doubled
+      in the grid for calls to pick from. Only a kept default is recorded so.
+    - moe_block 128: the tall tile (its k a stage, columns, rows and warps its own; only the
+      stages vary)."""
     moe_block: int
     split_k: int
     stages: int = 8
@@ -241,9 +243,11 @@ class MoeConfig:
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         from .build import TALL_BLOCK
         down = self.split_k if self.split_k_down is None else self.split_k_down
+        # (the wide CTA is a prefill size's candidate: its splits are the prefill buckets')
+        split = "prefill-split-k" if self.col_tiles > 1 else "split-k"
         tile = (f"tile{{moe-block={TALL_BLOCK},stages={self.stages}}}"
                 if self.moe_block == TALL_BLOCK else
-                f"tile{{moe-block={self.moe_block},split-k={self.split_k},split-k-down={down},"
+                f"tile{{moe-block={self.moe_block},{split}={self.split_k},{split}-down={down},"
                 f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
                 f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}")
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [tile,
@@ -286,6 +290,34 @@ def tall_configs(spec: Spec, tokens: int, arch: str | None) -> list[MoeConfig]:
             for d in TALL_STAGE_CHOICES]
 
 
+def wide_split_configs(spec: Spec, tokens: int) -> list[MoeConfig]:
+    """The wide CTA's default tile split over K at a prefill token count, where a call of
+    `tokens` evenly routed tokens leaves the SMs short of a GEMM's CTAs: splits of 2, 4 and 8
+    while half the split's CTAs stay under those the SMs hold at the split CTA's register cap,
+    over whole groups of K and (as a recorded entry is checked) the K-split CTA's warps; every
+    pair of the two GEMMs' splits but the unsplit one."""
+    from .passes.tile import (GEMM_TILE, PREFILL_BLOCK, SM_COUNT, WIDE_TILE, call_blocks,
+                              fit_warps, splits_evenly, wide_col_tiles, wide_decode_ctas,
+                              wide_epilogue_fits)
+    m, g = spec.moe, spec.quant.group_size
+    cols, block_k, rows, wg = WIDE_CHOICES[0]
+    block = PREFILL_BLOCK
+    if g % block_k or not wide_epilogue_fits(cols, block) or m.block_size not in (None, block):
+        return []
+
+    def splits(k: int, n: int) -> list[int]:
+        ntiles = n // GEMM_TILE["block_n"]
+        c = wide_col_tiles(ntiles, block, cols)
+        ctas = call_blocks(spec, tokens, block) * ntiles // c
+        room = wide_decode_ctas(c * block // rows) * SM_COUNT
+        return [1] + [s for s in (2, 4, 8) if ctas * s // 2 < room and (k // g) % s == 0
+                      and splits_evenly(k, s, fit_warps(k, GEMM_TILE["warps"]), block_k)]
+    return [MoeConfig(block, up, WIDE_TILE["stages"], down, block_k, GEMM_TILE["warps"], cols,
+                      rows, wg)
+            for up in splits(m.hidden_size, 2 * m.intermediate_size)
+            for down in splits(m.intermediate_size, m.hidden_size) if (up, down) != (1, 1)]
+
+
 def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeConfig]:
     """Candidates for one token count: the blocks the routing buffers allow up to twice what an
     average routed expert needs, every split-K of each GEMM that divides its K steps over its
@@ -297,8 +329,8 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
     the spec's where None; its block of 128 under the same bound), whichever the tile pass picks
     at `tokens` first."""
     from .build import TALL_BLOCK
-    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, WIDE_BLOCKS, fit_warps, gemm_stages,
-                              splits_evenly, tall_edge, wide_epilogue_fits)
+    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, PREFILL_BLOCK, WIDE_BLOCKS, fit_warps,
+                              gemm_stages, splits_evenly, tall_edge, wide_epilogue_fits)
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -315,6 +347,8 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
                 for d in WIDE_STAGE_CHOICES
                 if spec.quant.group_size % block_k == 0 and rows <= b
                 and wide_epilogue_fits(cols, b)]
+        if PREFILL_BLOCK in blocks:
+            out += wide_split_configs(spec, tokens)
         tall = tall_configs(spec, tokens, arch) if TALL_BLOCK <= useful else []
         edge = tall_edge(spec)
         out = tall + out if edge is not None and tokens >= edge else out + tall

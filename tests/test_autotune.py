@@ -342,6 +342,31 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
     assert all((t["tall"][-1], t["stages"][-1]) == (True, 3) for t in tiles)
 
 
+def test_sweep_splits_the_wide_cta_where_a_prefill_call_leaves_the_sms_short():
+    """At prefill sizes the sweep also times the wide CTA's default tile split over K, for a
+    GEMM whose call leaves the SMs short: Mixtral's down GEMM (16 CTAs a block) at 2, 4 and 8
+    up to T = 128 (8 blocks), 2 and 4 at T = 200 (13), 2 at T = 512, none at T = 1024, gate/up
+    (112 a block) never; Qwen3's and DeepSeek's calls fill the SMs unsplit. A candidate's
+    pipeline builds its split: registers capped, not doubled per call."""
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+
+    def splits(spec, t):
+        return [(c.split_k, c.split_k_down) for c in at.config_space(spec, t)
+                if c.col_tiles > 1 and (c.split_k, c.split_k_down) != (1, 1)]
+    assert splits(mixtral, 65) == splits(mixtral, 128) == [(1, 2), (1, 4), (1, 8)]
+    assert splits(mixtral, 200) == [(1, 2), (1, 4)]
+    assert splits(mixtral, 512) == [(1, 2)]
+    assert splits(mixtral, 1024) == []
+    deepseek = moegen.load_spec(ROOT / "examples" / "deepseek-v2-lite.yaml")
+    assert all(not splits(s, t) for s in (QWEN, deepseek) for t in (65, 128, 256, 2048))
+    cfg = next(c for c in at.config_space(mixtral, 128) if c.split_k_down == 4)
+    assert not at.same_tile(cfg, at.default_config(mixtral, 128))    # the default doubles
+    module, _, pm = lower(mixtral, "cuda", cfg.pipeline(), tuning=None, arch="sm_90a")
+    down = emit_moe(mixtral, module, pm.pipeline, "sm_90a").plan["gemms"][1]["variants"][-1]
+    assert (down["split"], down["split_many"], down["ctas_per_sm"]) == (4, 4, 4)
+    assert down["kernel"].endswith("_s4_wg_o4")
+
+
 def test_sweep_covers_k_per_stage_and_warps_default_first():
     space = at.config_space(QWEN, 1)
     tiles = [(c.block_k, c.warps) for c in space]

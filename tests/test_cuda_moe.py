@@ -339,9 +339,10 @@ def test_prefill_tall_tile(rng, arch):
     tall tile: blocks of 128 rows x 4 column tiles, a warpgroup each, in dynamic shared memory.
     The routing ends experts' blocks at 1..128 rows, so every cut of the wgmma to the rows a
     block holds (32, 64, 96 or 128) runs, and one expert has a single slot. Against the
-    reference, bitwise on a second run and bitwise the wide CTA's output (tile{tall=0,split-k=1}:
-    each output is the same chain of k16 MMAs; split-k=1 keeps its prefill bucket whole, which
-    at this size it would split over K); a graph replayed with new inputs, one of them routed
+    reference, bitwise on a second run and bitwise the wide CTA's output
+    (tile{tall=0,prefill-split-k=1}: each output is the same chain of k16 MMAs;
+    prefill-split-k=1 keeps its prefill bucket whole, which at this size the tile pass would
+    split over K); a graph replayed with new inputs, one of them routed
     to two experts. arch sm_90: compiled without warpgroup MMA, where the plan has no tall
     bucket unless tile{tall=1} asks for it, and its kernel is the wide CTA of block 128 (16
     warps) in dynamic shared memory."""
@@ -349,7 +350,8 @@ def test_prefill_tall_tile(rng, arch):
     kw = {"arch": arch} if arch else {}
     layer = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=1},alloc" if arch else None,
                       **kw)
-    wide = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=0,split-k=1},alloc", **kw)
+    wide = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{tall=0,prefill-split-k=1},alloc",
+                     **kw)
     if arch:                                   # sm_90's default plan is tile{tall=0}'s
         from moegen.passes.pipelines import lower
         from moegen.targets.cuda.emitter import emit_moe

@@ -373,7 +373,7 @@ def test_moe_block_128_is_the_tall_tile_for_every_call():
             for g in plan["gemms"]:
                 assert all(v["tall"] and v["follows_from"] is None for v in g["variants"]), name
     for opts in ("block-k=32", "wide-cols=4", "warp-rows=32", "wgmma=1", "warps=4", "split-k=2",
-                 "split-k-down=2", "tall=1"):
+                 "split-k-down=2", "prefill-split-k=2", "prefill-split-k-down=2", "tall=1"):
         with pytest.raises(PipelineError, match=r"tile\{moe-block=128\} is the tall tile.*drop "
                                                 + opts.split("=")[0]):
             lower(MOE, "cuda", f"fuse-align,fuse-swiglu,tile{{moe-block=128,{opts}}},alloc")
@@ -609,7 +609,7 @@ def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short(
     CTA tiles stay under 4 CTAs an SM on every SM: Mixtral's down GEMM up to T = 255 in plans
     for sm_90a (16 blocks x 16 tiles = 256 < 528), not its gate/up (448 tiles a block), not
     Qwen3's or DeepSeek's, and not Mixtral's where the bucket reaches T = 8192 (sm_80 plans,
-    tall=0); split-k=1 keeps it whole."""
+    tall=0); prefill-split-k=1 keeps it whole, split-k (the decode buckets') does not."""
     from moegen.passes.tile import prefill_short
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     # the down GEMM (64 tiles, 16 CTA tiles a block): short up to 32 blocks (T = 512), not from
@@ -630,10 +630,52 @@ def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short(
     assert prefill_splits(mixtral, pipeline="fuse-align,fuse-swiglu,tile{tall=0},alloc") == \
         [[1], [1]]
     assert prefill_splits(mixtral, pipeline="fuse-align,fuse-swiglu,tile{split-k=1},alloc") == \
+        [[1], [4]]
+    assert prefill_splits(
+        mixtral, pipeline="fuse-align,fuse-swiglu,tile{tall=0,prefill-split-k=1},alloc") == \
         [[1], [1]]
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         assert all(set(s) == {1} for s in prefill_splits(spec)), name
+
+
+def test_prefill_split_options():
+    """prefill-split-k / prefill-split-k-down split the prefill buckets' GEMMs over K: the wide
+    CTA as a split decode bucket's (registers capped, the split as given, not doubled), the
+    K-split CTA under wide-cols=0; they pin the prefill tile (no tall bucket) and set a tuning
+    entry aside; a split that does not fit names its option."""
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+
+    def prefill(opts: str, spec=mixtral, tuning=None) -> list[tuple]:
+        module = lower(spec, "cuda", f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc",
+                       tuning=tuning, arch="sm_90a")[0]
+        gemms = [op for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"]
+        buckets = gemms[0].attrs["block_buckets"]
+        return [(edge, block, t["col_tiles"][i], t["split_k"][i], t["split_many"][i],
+                 t["ctas_per_sm"][i])
+                for g in gemms for t in [g.attrs["tile"]]
+                for i, (edge, block) in enumerate(buckets) if edge > 64]
+    assert prefill("prefill-split-k-down=4") == [(8192, 32, 4, 1, 1, 0), (8192, 32, 4, 4, 4, 4)]
+    assert prefill("prefill-split-k=2") == [(8192, 32, 4, 2, 2, 4), (8192, 32, 4, 2, 2, 4)]
+    assert prefill("prefill-split-k=2,prefill-split-k-down=8") == [
+        (8192, 32, 4, 2, 2, 4), (8192, 32, 4, 8, 8, 4)]
+    assert prefill("prefill-split-k-down=4,wide-cols=0") == [
+        (8192, 32, 1, 1, 1, 0), (8192, 32, 1, 4, 4, 0)]
+    # the decode buckets keep their own splits
+    default = gemm_tiles(mixtral)
+    split = gemm_tiles(mixtral, "fuse-align,fuse-swiglu,tile{prefill-split-k=2},alloc")
+    assert [t["split_k"][:4] for t in split] == [t["split_k"][:4] for t in default]
+    # a tuning entry is set aside
+    entry = _Entries([[64, 8, 1, 8, 1, 16, 4], [8192, 32, 1, 4, 1, 32, 4, 4, 32, 1]])
+    assert prefill("prefill-split-k-down=2", tuning=entry)[-1] == (8192, 32, 4, 2, 2, 4)
+    with pytest.raises(PipelineError, match=r"tile\{prefill-split-k-down=3\}: K = 14336 does "
+                                            r"not split into 3"):
+        prefill("prefill-split-k-down=3")
+    # K = 384 (3 groups of 128): its 24 k16 steps split in 2 over 4 warps, its groups do not
+    odd = moegen.load_spec(moe_spec(1024, 384, 8, 2, tokens_max=1024))
+    with pytest.raises(PipelineError, match=r"tile\{prefill-split-k=2\}: the wide CTA splits "
+                                            r"K = 384 into whole groups of 128"):
+        prefill("prefill-split-k=2", odd)
 
 
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():

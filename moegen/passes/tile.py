@@ -2,7 +2,7 @@
 
 Defaults are documented here and in docs/PASSES.md. A tuning database entry (moegen autotune)
 replaces the MoE block, split-K, ring depth, k per stage and warps per bucket when the context
-carries one and no option fixes them (moe-block, split-k and split-k-down set aside the whole
+carries one and no option fixes them (moe-block and the split options set aside the whole
 entry; stages, block-k and warps only their own value); the buckets then end at the geometric
 midpoints between the measured token counts.
 
@@ -66,7 +66,10 @@ MoE (`moe_w4a16`):
   group where smaller), dynamic shared memory. Compiled without warpgroup MMA the same kernel
   is the wide CTA of that block (16 warps of 32 rows, 64 k a stage), slower than block 32
   there, so other archs' plans have no tall bucket unless ``tall=1`` asks for one.
-  ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols`` or ``warp-rows`` keep the wide CTA there;
+  ``tall=0``, ``wgmma=0``, ``block-k``, ``wide-cols``, ``warp-rows`` or a prefill split
+  (``prefill-split-k``, ``prefill-split-k-down``: the prefill buckets' GEMMs split as given,
+  registers capped as a split decode bucket's; ``split-k`` sets only the decode buckets')
+  keep the wide CTA there;
   a tuning entry's bucket of block 128 is the tall tile (at the entry's stages, split 1), and
   ``moe-block=128`` puts the tall tile in every bucket (``stages`` its only other option).
 - Router, on ``moe.topk_softmax``: ``router`` = redux (the default: redux.sync on
@@ -117,6 +120,9 @@ SHARED_OPT_IN = 227 * 1024  # dynamic shared memory a CTA may opt in to on sm_90
 RING_ROW_PAD = 16           # bytes after each staged activation row (conflict-free reads)
 SCALE_BYTES = 128           # a 64-column tile's scales of a group in a copy ring (SCALE_STAGE_BYTES)
 SM_COUNT = 132             # H100/H200
+# the options that split the prefill buckets' GEMMs over K (they pin the prefill tile: no tall
+# tile, no tuning entry)
+PREFILL_SPLITS = ("prefill-split-k", "prefill-split-k-down")
 CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per SM
 # most k16 steps of K a CTA of a decode-bucket GEMM takes (measured on the H200): Mixtral's down
 # GEMM (K = 14336, 896 steps) at T = 17..64 in 1.45 waves of 4 CTAs an SM at T = 64 was 4%
@@ -564,6 +570,13 @@ class TilePass(Pass):
         "split-k": Option(int, None, "K splits (MoE: at decode sizes; MSD: over whole groups)"),
         "split-k-down": Option(int, None, "K splits of the down GEMM at decode sizes (default: "
                                           "split-k)"),
+        "prefill-split-k": Option(int, None, "MoE prefill buckets: K splits of the wide or "
+                                             "K-split CTA (the wide CTA over whole groups, its "
+                                             "registers capped as a split decode bucket's; "
+                                             "default: whole, or the tile pass's own split where "
+                                             "a call leaves the SMs short)"),
+        "prefill-split-k-down": Option(int, None, "MoE prefill buckets: K splits of the down "
+                                                  "GEMM (default: prefill-split-k)"),
         "router": Option(str, ROUTERS[0], "MoE top-k search of a warp: redux or shuffle",
                          choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
@@ -585,7 +598,7 @@ class TilePass(Pass):
             # the tall tile for every call: it sets its own k a stage, columns, rows and warps,
             # and runs the whole K in one CTA
             pinned = [name for name in ("block-k", "wide-cols", "warp-rows", "wgmma", "warps",
-                                        "split-k", "split-k-down", "tall")
+                                        "split-k", "split-k-down", *PREFILL_SPLITS, "tall")
                       if self.option(name) is not None]
             if pinned:
                 raise PipelineError(f"tile{{moe-block={TALL_BLOCK}}} is the tall tile, whose "
@@ -597,15 +610,18 @@ class TilePass(Pass):
                                 f"the tall tile)")
         # a tuning entry gives the tile per bucket, unless options fixing block or split say
         # otherwise
-        tuned_buckets = (tuned.get("buckets") if not (fixed or self.option("split-k")
-                                                       or self.option("split-k-down")) else None)
+        tuned_buckets = (tuned.get("buckets") if not (fixed or any(
+            self.option(name) for name in ("split-k", "split-k-down", *PREFILL_SPLITS)))
+            else None)
         # the tall tile where the arch has warpgroup MMA (or tall=1 asks for it), unless an
-        # option pins the prefill tile (its block, k a stage, columns a CTA, or mma.sync)
+        # option pins the prefill tile (its block, k a stage, columns a CTA, a split, or
+        # mma.sync)
         tall_wanted = self.option("tall")
         if tall_wanted is None:
             tall_wanted = (ctx.arch or spec.cuda_arch) in WGMMA_ARCHS
         tall = bool(tall_wanted) and all(
-            self.option(name) is None for name in ("block-k", "wide-cols", "warp-rows")) and \
+            self.option(name) is None
+            for name in ("block-k", "wide-cols", "warp-rows", *PREFILL_SPLITS)) and \
             self.option("wgmma") != 0
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
                    else moe_buckets(spec, fixed, tall))
@@ -652,6 +668,13 @@ class TilePass(Pass):
             return self.option(option)
         return b[index] if b is not None and len(b) > index else default
 
+    def _split_name(self, name: str, down: bool) -> str:
+        """The split option a GEMM takes: the down GEMM's own (`name`-down) where given."""
+        return f"{name}-down" if down and self.option(f"{name}-down") else name
+
+    def _split_option(self, name: str, down: bool) -> int | None:
+        return self.option(self._split_name(name, down))
+
     def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
                    tuned_buckets: list | None) -> dict:
         """The tile attribute of one grouped GEMM: block_n, then per bucket block_k, warps,
@@ -673,8 +696,8 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
                                     f"group {spec.quant.group_size}, is not a whole number of "
                                     f"{bk}-deep stages")
-        split = self.option("split-k-down") if down and self.option("split-k-down") \
-            else self.option("split-k")
+        split = self._split_option("split-k", down)
+        pre = self._split_option("prefill-split-k", down)
         most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
         stages = [gemm_stages(block, w, m, bk)
                   for (_, block), m, w, bk in zip(buckets, most, warps, block_k)]
@@ -687,11 +710,11 @@ class TilePass(Pass):
             floors = [1 if single and i == 1 else bucket_floor(buckets, i)
                       for i in range(len(buckets))]
             splits = [
-                1 if edge > DECODE_MAX_TOKENS or tall[i] else split or decode_split_k(
+                1 if tall[i] else pre or 1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
                     k_dim, n, min(spec.moe.num_experts, floors[i] * spec.moe.top_k),
                     {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]})
                 for i, (edge, _) in enumerate(buckets)]
-        for sp, w, bk, t in zip(splits, warps, block_k, tall):
+        for (edge, _), sp, w, bk, t in zip(buckets, splits, warps, block_k, tall):
             if t and sp != 1:
                 raise PipelineError(f"tuning entry: split-k {sp} in a bucket of block "
                                     f"{TALL_BLOCK}; the tall tile runs the whole K (split-k 1)")
@@ -700,9 +723,12 @@ class TilePass(Pass):
             if tuned_buckets:
                 raise PipelineError(f"tuning entry: split-k {sp} does not divide K = {k_dim} "
                                     f"over {w} warps of {bk}-deep stages")
-            raise PipelineError(f"tile{{split-k={sp}}}: K = {k_dim} does not split into {sp} x "
+            name = self._split_name("prefill-split-k" if edge > DECODE_MAX_TOKENS else "split-k",
+                                    down)
+            raise PipelineError(f"tile{{{name}={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
-        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b, split,
+        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b,
+                                 pre if buckets[i][0] > DECODE_MAX_TOKENS else split, down,
                                  {"block_k": block_k[i], "warps": warps[i], "stages": stages[i],
                                   "split_k": splits[i]})
                 for i, b in enumerate(tuned)]
@@ -712,7 +738,7 @@ class TilePass(Pass):
                     "ctas_per_sm", "split_many", "tall")}}
 
     def _bucket_cta(self, spec, k_dim: int, n: int, buckets: list, i: int, b: list | None,
-                    split: int | None, ksplit: dict) -> dict:
+                    split: int | None, down: bool, ksplit: dict) -> dict:
         """The CTA bucket i runs and its tile: the tall tile (block TALL_BLOCK), the wide CTA
         (col_tiles > 1: its warps tile columns and rows, one ring for the CTA; at prefill sizes
         over the whole K, in a decode bucket split over K), or the K-split CTA of `ksplit`
@@ -720,7 +746,8 @@ class TilePass(Pass):
         col_tiles and warp_rows at index 7 and 8 (and then its block_k and stages are the wide
         CTA's), wgmma at 9 and wide_decode at 10 (the wide CTA as the default builds a decode
         bucket's: registers capped, its split doubled for calls to pick from); `split`: the
-        split-k option."""
+        split option of the bucket's GEMM (split-k in decode buckets, prefill-split-k in
+        prefill buckets; `down`: the down GEMM, whose -down options come first)."""
         edge, block = buckets[i]
         ntiles = -(-n // GEMM_TILE["block_n"])
         group = spec.quant.group_size
@@ -752,11 +779,13 @@ class TilePass(Pass):
         # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
         # leave the SMs short (prefill_fill; the split sized for its smallest call)
         wide_decode = wide and len(b) > 10 and bool(b[10])
-        prefill_fill = (b is None and not fixed and not split and edge > DECODE_MAX_TOKENS
+        prefill = edge > DECODE_MAX_TOKENS
+        prefill_fill = (b is None and not fixed and not split and prefill
                         and cols > 1 and prefill_short(spec, edge, block, ntiles, cols, rows))
         split_wide = cols > 1 and (
-            wide and (cta["split_k"] > 1 or edge <= DECODE_MAX_TOKENS or wide_decode)
-            or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill))
+            wide and (cta["split_k"] > 1 or not prefill or wide_decode)
+            or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill
+                              or prefill and cta["split_k"] > 1))
         ctas = 0
         if split_wide:
             if wide and (block not in WIDE_BLOCKS or ntiles % cols
@@ -772,8 +801,11 @@ class TilePass(Pass):
                 cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
                                                          split, ctas, not prefill_fill)
             if (k_dim // group) % cta["split_k"]:
-                raise PipelineError(f"split-k {cta['split_k']}: the wide CTA splits K = {k_dim} "
-                                    f"into whole groups of {group}")
+                sp = cta["split_k"]
+                opt = self._split_name("prefill-split-k" if prefill else "split-k", down)
+                where = f"tuning entry: split-k {sp}" if wide else f"tile{{{opt}={sp}}}"
+                raise PipelineError(f"{where}: the wide CTA splits K = {k_dim} into whole "
+                                    f"groups of {group}")
             # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
             # the grid has the doubled split, and calls with enough blocks use half of it
             cta["split_many"] = cta["split_k"]
@@ -785,7 +817,7 @@ class TilePass(Pass):
             # docs/PERF.md "Autotune's tall candidates; ...")
             if cta["split_k"] == 1:
                 ctas = 0
-        elif edge > DECODE_MAX_TOKENS and cta["split_k"] == 1:
+        elif prefill and cta["split_k"] == 1:
             cols = wide_col_tiles(ntiles, block, cols)
         else:
             cols = 1
