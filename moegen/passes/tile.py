@@ -777,7 +777,8 @@ class TilePass(Pass):
         # the wide CTA split over K: a tuning entry's in a decode bucket (or split, or marked
         # wide_decode), or the default of a decode bucket whose experts pass WIDE_DECODE_SLOTS
         # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
-        # leave the SMs short (prefill_fill; the split sized for its smallest call)
+        # leave the SMs short (prefill_fill; the split sized for its smallest call), or a
+        # prefill bucket's as prefill-split-k asks
         wide_decode = wide and len(b) > 10 and bool(b[10])
         prefill = edge > DECODE_MAX_TOKENS
         prefill_fill = (b is None and not fixed and not split and prefill
