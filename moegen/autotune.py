@@ -144,7 +144,7 @@ class TuningDB:
         results = sorted(e["results"], key=lambda r: r["tokens"])
         from .passes.tile import single_token_bucket
         single = single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
-        if single and len(results) == 1 and results[0]["tokens"] == 1 < spec.tokens.max:
+        if single and len(results) == 1 and results[0]["tokens"] == 1 and spec.tokens.max > 1:
             # T = 1 alone, as it was measured (its candidates' plans have the single-token
             # bucket); its config serves the other counts too
             results = results * 2

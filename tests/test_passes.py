@@ -424,6 +424,22 @@ def test_msd_warp_options_fail_clearly(pipeline, message):
         msd_tile(1, pipeline)
 
 
+def test_msd_rows_past_shared_memory_fail_naming_what_was_set():
+    """Rows whose unfolded slices pass shared memory even at 16 columns a CTA: the error names
+    msd.m (no option set), or the block-n option that fixed the columns, and says whether 2
+    weight ring stages would fit; with them the kernel builds."""
+    with pytest.raises(PipelineError, match=r"msd\.m = 100: .* at 16 columns a CTA and 4 weight "
+                                            r"ring stages .*: 2 weight ring stages fit "
+                                            r"\(tile\{stages=2\}\)"):
+        msd_tile(100)
+    assert msd_tile(100, "tile{stages=2},schedule,alloc")["w_stages"] == 2
+    with pytest.raises(PipelineError, match=r"msd\.m = 1000: .*: fewer rows a call"):
+        msd_tile(1000)
+    with pytest.raises(PipelineError, match=r"tile\{block-n=32\}: .* at 32 columns a CTA and 2 "
+                                            r"weight ring stages .*: fewer columns per CTA"):
+        msd_tile(100, "tile{block-n=32,stages=2},schedule,alloc")
+
+
 def test_msd_warp_options_are_refused_on_moe():
     for opt in ("vec-warps=2", "cube-warps=2"):
         with pytest.raises(PipelineError, match=re.escape(f"tile{{{opt.split('=')[0]}=...}}: an "

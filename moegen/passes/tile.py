@@ -672,9 +672,6 @@ class TilePass(Pass):
         """The split option a GEMM takes: the down GEMM's own (`name`-down) where given."""
         return f"{name}-down" if down and self.option(f"{name}-down") else name
 
-    def _split_option(self, name: str, down: bool) -> int | None:
-        return self.option(self._split_name(name, down))
-
     def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
                    tuned_buckets: list | None) -> dict:
         """The tile attribute of one grouped GEMM: block_n, then per bucket block_k, warps,
@@ -696,8 +693,11 @@ class TilePass(Pass):
                 raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim} over {w} warps, or the "
                                     f"group {spec.quant.group_size}, is not a whole number of "
                                     f"{bk}-deep stages")
-        split = self._split_option("split-k", down)
-        pre = self._split_option("prefill-split-k", down)
+        # the split option of each bucket: split-k for the decode buckets, prefill-split-k for
+        # the prefill ones (their -down forms first for the down GEMM)
+        names = [self._split_name("prefill-split-k" if edge > DECODE_MAX_TOKENS else "split-k",
+                                  down) for edge, _ in buckets]
+        asked = [self.option(name) for name in names]
         most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
         stages = [gemm_stages(block, w, m, bk)
                   for (_, block), m, w, bk in zip(buckets, most, warps, block_k)]
@@ -709,12 +709,14 @@ class TilePass(Pass):
             # one (T = 2..16 measured so)
             floors = [1 if single and i == 1 else bucket_floor(buckets, i)
                       for i in range(len(buckets))]
+            # (the tall tile runs the whole K; a prefill bucket is whole unless asked, or split
+            # in _bucket_cta)
             splits = [
-                1 if tall[i] else pre or 1 if edge > DECODE_MAX_TOKENS else split or decode_split_k(
+                1 if tall[i] else asked[i] or (1 if edge > DECODE_MAX_TOKENS else decode_split_k(
                     k_dim, n, min(spec.moe.num_experts, floors[i] * spec.moe.top_k),
-                    {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]})
+                    {"block_n": GEMM_TILE["block_n"], "warps": warps[i], "block_k": block_k[i]}))
                 for i, (edge, _) in enumerate(buckets)]
-        for (edge, _), sp, w, bk, t in zip(buckets, splits, warps, block_k, tall):
+        for name, sp, w, bk, t in zip(names, splits, warps, block_k, tall):
             if t and sp != 1:
                 raise PipelineError(f"tuning entry: split-k {sp} in a bucket of block "
                                     f"{TALL_BLOCK}; the tall tile runs the whole K (split-k 1)")
@@ -723,12 +725,9 @@ class TilePass(Pass):
             if tuned_buckets:
                 raise PipelineError(f"tuning entry: split-k {sp} does not divide K = {k_dim} "
                                     f"over {w} warps of {bk}-deep stages")
-            name = self._split_name("prefill-split-k" if edge > DECODE_MAX_TOKENS else "split-k",
-                                    down)
             raise PipelineError(f"tile{{{name}={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
-        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b,
-                                 pre if buckets[i][0] > DECODE_MAX_TOKENS else split, down,
+        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b, asked[i], names[i],
                                  {"block_k": block_k[i], "warps": warps[i], "stages": stages[i],
                                   "split_k": splits[i]})
                 for i, b in enumerate(tuned)]
@@ -738,7 +737,7 @@ class TilePass(Pass):
                     "ctas_per_sm", "split_many", "tall")}}
 
     def _bucket_cta(self, spec, k_dim: int, n: int, buckets: list, i: int, b: list | None,
-                    split: int | None, down: bool, ksplit: dict) -> dict:
+                    split: int | None, split_name: str, ksplit: dict) -> dict:
         """The CTA bucket i runs and its tile: the tall tile (block TALL_BLOCK), the wide CTA
         (col_tiles > 1: its warps tile columns and rows, one ring for the CTA; at prefill sizes
         over the whole K, in a decode bucket split over K), or the K-split CTA of `ksplit`
@@ -746,8 +745,8 @@ class TilePass(Pass):
         col_tiles and warp_rows at index 7 and 8 (and then its block_k and stages are the wide
         CTA's), wgmma at 9 and wide_decode at 10 (the wide CTA as the default builds a decode
         bucket's: registers capped, its split doubled for calls to pick from); `split`: the
-        split option of the bucket's GEMM (split-k in decode buckets, prefill-split-k in
-        prefill buckets; `down`: the down GEMM, whose -down options come first)."""
+        value of the bucket's split option, named `split_name` (split-k in decode buckets,
+        prefill-split-k in prefill buckets, or their -down forms)."""
         edge, block = buckets[i]
         ntiles = -(-n // GEMM_TILE["block_n"])
         group = spec.quant.group_size
@@ -803,8 +802,7 @@ class TilePass(Pass):
                                                          split, ctas, not prefill_fill)
             if (k_dim // group) % cta["split_k"]:
                 sp = cta["split_k"]
-                opt = self._split_name("prefill-split-k" if prefill else "split-k", down)
-                where = f"tuning entry: split-k {sp}" if wide else f"tile{{{opt}={sp}}}"
+                where = f"tuning entry: split-k {sp}" if wide else f"tile{{{split_name}={sp}}}"
                 raise PipelineError(f"{where}: the wide CTA splits K = {k_dim} into whole "
                                     f"groups of {group}")
             # a split of the bucket's own choosing may double per call (WIDE_SPLIT_FILL):
@@ -917,11 +915,21 @@ class TilePass(Pass):
                                 f"per CTA (block-n) give each matrix warp less than one n8 "
                                 f"tile: at most {t['block_n'] // 8} matrix warps")
         if shared(t) > SHARED_OPT_IN:
-            raise PipelineError(f"tile{{block-n={t['block_n']}}}: the MSD kernel of "
-                                f"msd.m = {s.m}, msd.steps = {s.steps} would need "
-                                f"{shared(t)} bytes of shared memory (at most "
-                                f"{SHARED_OPT_IN}): use fewer columns per CTA or weight ring "
-                                f"stages (stages=2)")
+            # name what the user set: the columns where an option or entry fixed them, else
+            # the rows; and say whether 2 weight stages would fit
+            two = {**t, "w_stages": 2}
+            hint = ("2 weight ring stages fit (tile{stages=2})"
+                    if t["w_stages"] > 2 and shared(two) <= SHARED_OPT_IN else
+                    "fewer columns per CTA" if fixed_n and t["block_n"] > 16 else
+                    "fewer rows a call")
+            where = (f"tile{{block-n={t['block_n']}}}" if self.option("block-n") is not None
+                     else f"tuning entry: block_n {t['block_n']}" if fixed_n
+                     else f"msd.m = {s.m}")
+            raise PipelineError(f"{where}: the CUDA MSD kernel of msd.m = {s.m}, msd.steps = "
+                                f"{s.steps} at {t['block_n']} columns a CTA and "
+                                f"{t['w_stages']} weight ring stages would need {shared(t)} "
+                                f"bytes of shared memory (at most {SHARED_OPT_IN}): "
+                                f"{hint}")
         threads = 32 * (t["vec_warps"] + t["cube_warps"])
         occupancy = msd_occupancy(tile["occupancy"], threads, shared(t))
         split = self.option("split-k", tuned.get("split_k") or msd_split_k(
