@@ -594,6 +594,9 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
     pool = compile_pool(workers)            # one set of compile workers for every token count
     try:
         for t in tokens:
+            if t > spec.tokens.max:
+                log(f"  T={t}: skipped: above tokens.max ({spec.tokens.max})")
+                continue
             x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
             logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
             ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)

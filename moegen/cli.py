@@ -86,13 +86,26 @@ def _gpu(fn, *a, **kw):
         raise UsageError(f"needs an NVIDIA GPU: {exc}") from None
 
 
-def _token_list(text: str) -> list[int]:
+def _token_list(text: str, most: int | None = None, flag: str = "--tokens") -> list[int]:
+    """Comma-separated positive counts, each at most `most` (a spec's tokens.max) where given."""
     try:
         tokens = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         tokens = []
     if not tokens or min(tokens) < 1:
-        raise UsageError(f"--tokens {text!r}: expected positive integers separated by commas")
+        raise UsageError(f"{flag} {text!r}: expected positive integers separated by commas")
+    if most is not None and max(tokens) > most:
+        raise UsageError(f"{flag} {text!r}: {max(tokens)} is above the spec's tokens.max "
+                         f"({most})")
+    return tokens
+
+
+def _tunable(spec, tokens: list[int]) -> list[int]:
+    """`--tokens` of a sweep: some count the spec's layer serves (autotune skips the others
+    with a line, as bench does)."""
+    if min(tokens) > spec.tokens.max:
+        raise UsageError(f"--tokens: {', '.join(map(str, tokens))} all above the spec's "
+                         f"tokens.max ({spec.tokens.max})")
     return tokens
 
 
@@ -115,7 +128,9 @@ def cmd_run(args) -> int:
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
     from .targets.cuda.bench import run_moe
     ok = True
-    for t in _token_list(args.tokens):
+    tokens = (_token_list(args.tokens, spec.tokens.max) if args.tokens
+              else [min(16, spec.tokens.max)])
+    for t in tokens:
         err = _gpu(run_moe, spec, t, args.seed, tuning=tuning)
         ok = ok and err <= 2e-3
     return 0 if ok else 1
@@ -133,7 +148,7 @@ def cmd_bench(args) -> int:
         if args.experts is not None:
             raise UsageError("--experts: routes the tokens of a moe_w4a16 spec; this is an "
                              "msd_matmul spec")
-        rows = _token_list(args.rows) if args.rows else [spec.msd.m]
+        rows = _token_list(args.rows, flag="--rows") if args.rows else [spec.msd.m]
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe, check_experts
@@ -168,7 +183,8 @@ def cmd_autotune(args) -> int:
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s)
     else:
-        results = _gpu(autotune_moe, spec, _token_list(args.tokens), db, args.budget_s)
+        results = _gpu(autotune_moe, spec, _tunable(spec, _token_list(args.tokens)), db,
+                       args.budget_s)
     print(results_table(results, "M" if spec.pipeline == "msd_matmul" else "T"))
     print(f"wrote {db.path}")
     return 0
@@ -259,7 +275,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Run the spec's layer on random inputs on the GPU and print "
                                    "its relative error against moegen.reference.")
     s.add_argument("spec")
-    s.add_argument("--tokens", default="16", help="token counts, e.g. 1,16,64 (default 16)")
+    s.add_argument("--tokens", help="token counts, e.g. 1,16,64 (default 16, or tokens.max "
+                   "where smaller)")
     s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     _tuning_db_option(s)
     s.set_defaults(func=cmd_run)

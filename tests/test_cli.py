@@ -95,7 +95,11 @@ def test_gpu_commands_without_a_gpu_say_so(tmp_path):
         pass
     db = tmp_path / "t.json"
     db.write_text('{"format": 1, "entries": {}}')
+    small = tmp_path / "small.yaml"       # run's default 16 tokens: tokens.max where smaller
+    small.write_text((ROOT / "examples" / "moe-seed.yaml").read_text().replace("max: 64",
+                                                                               "max: 8"))
     for args in (["run", "examples/moe-seed.yaml"], ["bench", "examples/qwen3-30b-a3b.yaml"],
+                 ["run", str(small)], ["bench", "examples/moe-seed.yaml", "--tokens", "65"],
                  ["run", "examples/msd-seed.yaml"], ["autotune", "examples/moe-seed.yaml"],
                  ["bench", "examples/msd-seed.yaml", "--rows", "1,4"],
                  ["autotune", "examples/msd-seed.yaml"],
@@ -120,5 +124,20 @@ def test_bench_experts_option_is_checked_before_the_gpu():
                           ("mixtral-8x7b", "9", "--experts 9:"),
                           ("msd-seed", "2", "--experts: routes the tokens of a moe_w4a16 spec")):
         proc = run_moegen("bench", f"examples/{spec}.yaml", "--experts", n, cwd=ROOT)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1
+
+
+def test_token_counts_are_checked_before_the_gpu():
+    """`run --tokens` above the spec's tokens.max, `autotune --tokens` all above it (bench and
+    autotune skip the counts above it with a line, so their defaults serve small specs), and
+    `--rows` that are not positive fail in one line, exit 2, with or without a GPU."""
+    for args, says in ((("run", "examples/qwen3-30b-a3b.yaml", "--tokens", "1,9000"),
+                        "--tokens '1,9000': 9000 is above the spec's tokens.max (8192)"),
+                       (("autotune", "examples/moe-seed.yaml", "--tokens", "65,256"),
+                        "--tokens: 65, 256 all above the spec's tokens.max (64)"),
+                       (("bench", "examples/msd-seed.yaml", "--rows", "0,4"),
+                        "--rows '0,4': expected positive integers")):
+        proc = run_moegen(*args, cwd=ROOT)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1
