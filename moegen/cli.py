@@ -211,6 +211,12 @@ def cmd_opt(args) -> int:
     return 0
 
 
+def cmd_passes(args) -> int:
+    from .passes.registry import describe
+    print(describe(args.name))
+    return 0
+
+
 def _tuning_db_option(s: argparse.ArgumentParser) -> None:
     """`--tuning-db` of the commands that run the layer (run, bench)."""
     s.add_argument("--tuning-db", metavar="PATH", help="tuning database (default: "
@@ -261,6 +267,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="use this tuning database (default: $MOEGEN_TUNING_DB; compile uses "
                         "one only when given)")
     s.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("passes", help="list the passes and default pipelines, or one pass's "
+                       "options", description="Without NAME: every pass, with what it does, "
+                       "and the default pipeline of each pipeline and target. With NAME: the "
+                       "options of that pass, their values, defaults and meaning.")
+    s.add_argument("name", nargs="?", help="a pass, e.g. tile")
+    s.set_defaults(func=cmd_passes)
 
     s = sub.add_parser("opt", help="parse, verify, transform and print a .mir file",
                        description="Parse a module in moegen's textual IR, verify it, run "

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from conftest import EXAMPLES, ROOT, run_moegen
@@ -141,3 +143,31 @@ def test_token_counts_are_checked_before_the_gpu():
         proc = run_moegen(*args, cwd=ROOT)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1
+
+
+def test_passes_lists_every_pass_and_its_options():
+    """`moegen passes` names every registered pass and the default pipelines; `moegen passes
+    NAME` every option of that pass with its meaning; an unknown pass fails in one line. Each
+    pass's heading in docs/PASSES.md names all of its options."""
+    from moegen.passes.pipelines import DEFAULT_PIPELINES
+    from moegen.passes.registry import PASSES            # (importing it registers every pass)
+    assert {"tile", "alloc", "schedule", "fuse-align"} <= set(PASSES)
+    proc = run_moegen("passes", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    for name in PASSES:
+        assert f"\n  {name} " in proc.stdout
+    for (pipeline, target), passes in DEFAULT_PIPELINES.items():
+        assert f"{pipeline} on {target}: {','.join(passes)}" in proc.stdout
+    headings = [line for line in (ROOT / "docs" / "PASSES.md").read_text().splitlines()
+                if line.startswith("## ")]
+    for name, cls in PASSES.items():
+        proc = run_moegen("passes", name, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        heading = next(h for h in headings if h.split()[1] == name)
+        for key, opt in cls.OPTIONS.items():
+            assert f"  {key}={opt.type.__name__}  (" in proc.stdout, (name, key)
+            assert " ".join(opt.doc.split()[:4]) in " ".join(proc.stdout.split()), (name, key)
+            assert re.search(rf"\b{re.escape(key)}\b", heading), (name, key, heading)
+    proc = run_moegen("passes", "tiles", cwd=ROOT)
+    assert proc.returncode == 2 and "unknown pass 'tiles'" in proc.stderr
+    assert proc.stderr.count("\n") == 1
