@@ -12,7 +12,7 @@ from .passes.manager import Context, PassManager, PipelineError
 from .passes.pipelines import default_target, lower
 from .passes.schedule import ScheduleError
 from .quant import QuantFormatError
-from .spec import SpecError, load_spec
+from .spec import CUDA_ARCHS, SpecError, load_spec
 
 # Errors that are the user's input, not moegen's bug: one line, exit 2.
 USER_ERRORS = (SpecError, ParseError, VerifyError, DimError, QuantFormatError, PipelineError,
@@ -36,20 +36,37 @@ def _manager_options(args) -> dict:
 def cmd_inspect(args) -> int:
     spec = load_spec(args.spec)
     target = args.target or default_target(spec)
-    module, ctx, pm = lower(spec, target, args.pass_pipeline, **_manager_options(args))
+    if args.arch and target != "cuda":
+        raise UsageError(f"--arch {args.arch}: a CUDA plan's; this inspects the {target} target")
+    module, ctx, pm = lower(spec, target, args.pass_pipeline, arch=args.arch,
+                            **_manager_options(args))
     printed = args.print_ir_after_all or args.print_ir_after
+    if args.launches:
+        print(_launch_report(spec, module, target, pm.pipeline, args.arch))
     if args.buffers:
         from .passes.alloc import plan_of
         plan = ctx.results.get("alloc") or plan_of(module, spec.tokens.max)
         print(plan.table())
     if args.schedule or args.svg:
         print(_schedule_report(spec, module, target, args.svg))
-    if not (printed or args.buffers or args.schedule or args.svg):
+    if not (printed or args.launches or args.buffers or args.schedule or args.svg):
         print(f"// pipeline: {pm.pipeline}")
         print(module, end="")
     if args.time_passes:
         print(pm.timing_report(), file=sys.stderr)
     return 0
+
+
+def _launch_report(spec, module, target: str, pipeline: str, arch: str | None) -> str:
+    if target != "cuda":
+        raise UsageError(f"--launches: the CUDA target's launch plan; this inspects the "
+                         f"{target} target")
+    from .targets.cuda import plan_table
+    if spec.pipeline == "msd_matmul":
+        from .targets.cuda.msd_emitter import emit_msd
+        return plan_table.msd_launch_table(emit_msd(spec, module, pipeline, arch).plan)
+    from .targets.cuda.emitter import emit_moe
+    return plan_table.moe_launch_table(emit_moe(spec, module, pipeline, arch).plan)
 
 
 def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
@@ -248,6 +265,13 @@ def make_parser() -> argparse.ArgumentParser:
                                    "--pass-pipeline), verify after each and print the IR.")
     s.add_argument("spec", help="path to a spec.yaml")
     _pass_options(s)
+    s.add_argument("--launches", action="store_true",
+                   help="CUDA: print the launch plan as a table: per token bucket the kernel "
+                        "each GEMM runs, its CTA, K split, copy ring, threads and launch (MSD: "
+                        "its kernels)")
+    s.add_argument("--arch", choices=CUDA_ARCHS,
+                   help="CUDA: plan for this arch (default: the spec's targets.cuda.arch; a "
+                        "runtime plans for its GPU's)")
     s.add_argument("--buffers", action="store_true",
                    help="print the workspace plan: buffers, sizes, lifetimes, offsets, peak")
     s.add_argument("--schedule", action="store_true",

@@ -171,3 +171,38 @@ def test_passes_lists_every_pass_and_its_options():
     proc = run_moegen("passes", "tiles", cwd=ROOT)
     assert proc.returncode == 2 and "unknown pass 'tiles'" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_inspect_launches_tabulates_the_launch_plan():
+    """`inspect --launches`: a row per token bucket and GEMM with the kernel the launch plan
+    names, its CTA, split, ring, threads and launch; `--arch` plans for another GPU (sm_80: no
+    tall bucket, no warpgroup MMA, no PDL); MSD: its kernels and rotating slots; the Ascend
+    target has no launch plan (one line, exit 2)."""
+    import json
+    proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    plan = json.loads((ROOT / "generated" / "cuda" / "mixtral-8x7b" /
+                       "mixtral-8x7b.launch.json").read_text())
+    rows = [line.split() for line in out.splitlines() if "moe_gemm_" in line]
+    assert [r[-1] for r in rows] == [g["variants"][i]["kernel"]
+                                     for i in range(len(plan["buckets"])) for g in plan["gemms"]]
+    assert "plan for sm_90a" in out
+    assert re.search(r"T = 1 +8 +gate_up +K-split, 2 warps +1 +8 x 16 k +64 +PDL from T = 1; "
+                     r"releases down after its K loop", out)
+    assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ", out)
+    assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "
+                     r"+128, capped for 4 an SM +plain", out)
+    assert re.search(r"T = 256\.\.8192 +128 +gate_up +tall tile +1 +4 x 128 k +512 +plain", out)
+    proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", "--arch", "sm_80",
+                      cwd=ROOT)
+    assert proc.returncode == 0 and "plan for sm_80" in proc.stdout
+    assert not re.search(r"wgmma|PDL|tall", proc.stdout.split("\n", 3)[3])
+    assert "T = 65..8192" in proc.stdout
+    proc = run_moegen("inspect", "examples/msd-seed.yaml", "--launches", cwd=ROOT)
+    assert re.search(r"msd_matmul_preload +96 x 8 x 1 +128 +\d+ +a_max 2, a_unfold 3, y_int 2",
+                     proc.stdout), proc.stdout
+    for args, says in ((("--target", "ascend", "--launches"), "--launches: the CUDA target's"),
+                       (("--target", "ascend", "--arch", "sm_90"), "--arch sm_90: a CUDA plan's")):
+        proc = run_moegen("inspect", "examples/msd-seed.yaml", *args, cwd=ROOT)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1

@@ -1,0 +1,76 @@
+"""A CUDA launch plan as a table for people (`moegen inspect --launches`): which kernel each
+token bucket runs, with its CTA, K split, copy ring, threads and launch."""
+from __future__ import annotations
+
+from ...passes.tile import WGMMA_ARCHS
+
+
+def _cta(v: dict, arch: str) -> str:
+    # (a kernel whose tile asks for warpgroup MMA builds the mma.sync form on other archs)
+    wgmma = v["wgmma"] and arch in WGMMA_ARCHS
+    if v["tall"]:
+        return "tall tile" if wgmma else f"wide, block {v['block']} (the tall tile's, no wgmma)"
+    if v["col_tiles"] > 1:
+        return (f"wide, {v['col_tiles']} col tiles x {v['warp_rows']} rows a warp"
+                + (", wgmma" if wgmma else ""))
+    return f"K-split, {v['warps']} warps"
+
+
+def _split(v: dict) -> str:
+    if v["split_many"] != v["split"]:
+        return f"{v['split_many']} or {v['split']}, per call"
+    return str(v["split"])
+
+
+def _launch(v: dict, arch: str) -> str:
+    if v["follows_from"] is None or int(arch[3:5]) < 90:     # PDL: sm_90 and later
+        return "plain"
+    return (f"PDL from T = {v['follows_from']}"
+            + ("; releases down after its K loop" if v["release_after_loop"] else ""))
+
+
+def _rows(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*head).rstrip(), fmt.format(*("-" * w for w in widths))] + [
+        fmt.format(*r).rstrip() for r in rows]
+
+
+def moe_launch_table(plan: dict) -> str:
+    """Per token bucket and GEMM of an MoE plan: the calls it serves, the moe block, the CTA,
+    the K split, the copy ring, the threads (and the register cap), the launch, the kernel."""
+    lines = [f"{plan['spec']}: plan for {plan['arch']}, passes {plan['passes']}",
+             f"router {plan['router']}"
+             + (f", routed inside the align kernel up to T = {plan['route_align_max_tokens']}"
+                if plan["route_align_max_tokens"] else "")
+             + f"; workspace {plan['workspace']['bytes'] / 2 ** 20:.1f} MiB", ""]
+    head = ["calls", "block", "GEMM", "CTA", "K split", "ring", "threads", "launch", "kernel"]
+    rows = []
+    floor = 1
+    for i, (edge, block) in enumerate(plan["buckets"]):
+        calls = f"T = {floor}" if floor == edge else f"T = {floor}..{edge}"
+        for g in plan["gemms"]:
+            v = g["variants"][i]
+            threads = str(v["warps"] * 32) + (f", capped for {v['ctas_per_sm']} an SM"
+                                              if v["ctas_per_sm"] else "")
+            # (the tall tile built without warpgroup MMA stages wide_ks k16 steps)
+            ks = v["wide_ks"] if v["tall"] and plan["arch"] not in WGMMA_ARCHS else v["ks"]
+            rows.append([calls, str(block), g["name"], _cta(v, plan["arch"]), _split(v),
+                         f"{v['stages']} x {16 * ks} k", threads, _launch(v, plan["arch"]),
+                         v["kernel"]])
+            calls = ""
+        floor = edge + 1
+    return "\n".join(lines + _rows(head, rows))
+
+
+def msd_launch_table(plan: dict) -> str:
+    """Per kernel of an MSD plan: grid, threads, shared memory and, for the msd lowering, the
+    rotating slots of its buffers."""
+    lines = [f"{plan['spec']}: plan for {plan['arch']}, passes {plan['passes']}, lowering "
+             f"{plan['lowering']} (the spec's schedule: {plan['default']})", ""]
+    head = ["kernel", "grid", "threads", "shared bytes", "slots"]
+    rows = [[k["name"], " x ".join(map(str, k["grid"])), str(k["block"]),
+             str(k.get("shared_bytes", 0)),
+             ", ".join(f"{name} {n}" for name, n in k.get("slots", {}).items())]
+            for k in plan["kernels"]]
+    return "\n".join(lines + _rows(head, rows))
