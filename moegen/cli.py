@@ -38,8 +38,8 @@ def cmd_inspect(args) -> int:
     target = args.target or default_target(spec)
     if args.arch and target != "cuda":
         raise UsageError(f"--arch {args.arch}: a CUDA plan's; this inspects the {target} target")
-    module, ctx, pm = lower(spec, target, args.pass_pipeline, arch=args.arch,
-                            **_manager_options(args))
+    module, ctx, pm = lower(spec, target, args.pass_pipeline, tuning=_compile_tuning(args),
+                            arch=args.arch, **_manager_options(args))
     printed = args.print_ir_after_all or args.print_ir_after
     if args.launches:
         print(_launch_report(spec, module, target, pm.pipeline, args.arch))
@@ -179,15 +179,22 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _compile_tuning(args):
+    """The tuning database of a command that plans without a GPU (compile, inspect): only when
+    given (--tuning-db or $MOEGEN_TUNING_DB), its entry for the spec on any GPU."""
+    if not (args.tuning_db or os.environ.get("MOEGEN_TUNING_DB")):
+        return None
+    if args.tuning_db and not Path(args.tuning_db).exists():
+        raise UsageError(f"--tuning-db {args.tuning_db}: no such file")
+    from .autotune import tuning_for
+    return tuning_for(args.tuning_db, device=None)
+
+
 def cmd_compile(args) -> int:
     from .targets.compile import compile_spec
     spec = load_spec(args.spec)
     target = args.target or default_target(spec)
-    tuning = None
-    if args.tuning_db or os.environ.get("MOEGEN_TUNING_DB"):
-        from .autotune import tuning_for
-        tuning = tuning_for(args.tuning_db, device=None)
-    written = compile_spec(spec, target, args.output, args.pass_pipeline, tuning)
+    written = compile_spec(spec, target, args.output, args.pass_pipeline, _compile_tuning(args))
     for path in written:
         print(path)
     return 0
@@ -272,6 +279,9 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", choices=CUDA_ARCHS,
                    help="CUDA: plan for this arch (default: the spec's targets.cuda.arch; a "
                         "runtime plans for its GPU's)")
+    s.add_argument("--tuning-db", metavar="PATH",
+                   help="plan with this tuning database (default: $MOEGEN_TUNING_DB; inspect "
+                        "uses one only when given)")
     s.add_argument("--buffers", action="store_true",
                    help="print the workspace plan: buffers, sizes, lifetimes, offsets, peak")
     s.add_argument("--schedule", action="store_true",

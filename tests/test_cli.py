@@ -206,3 +206,29 @@ def test_inspect_launches_tabulates_the_launch_plan():
                        (("--target", "ascend", "--arch", "sm_90"), "--arch sm_90: a CUDA plan's")):
         proc = run_moegen("inspect", "examples/msd-seed.yaml", *args, cwd=ROOT)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_inspect_and_compile_plan_with_a_tuning_database_when_given(tmp_path):
+    """`inspect --tuning-db PATH` shows the plan a tuning entry gives (its buckets and splits);
+    a --tuning-db that does not exist fails in one line (compile too), where it once planned the
+    defaults without a word."""
+    import moegen
+    from moegen import autotune as at
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    path = tmp_path / "t.json"
+    at.TuningDB(path).record(spec, at.Device("NVIDIA H200", "nvrtc 13.0"), [
+        {"tokens": t, "config": {"moe_block": b, "split_k": s}, "time_us": 1.0,
+         "default_us": 2.0, "checked": True} for t, b, s in ((1, 16, 2), (256, 32, 1))])
+    proc = run_moegen("inspect", "examples/qwen3-30b-a3b.yaml", "--launches", "--tuning-db",
+                      str(path), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"T = 1\.\.16 +16 +gate_up +K-split, 4 warps +2 .* moe_gemm_gate_up_b16_s2_p8",
+                     proc.stdout), proc.stdout
+    assert "T = 17..8192" in proc.stdout
+    default = run_moegen("inspect", "examples/qwen3-30b-a3b.yaml", "--launches", cwd=ROOT)
+    assert "T = 1..16 " in default.stdout and "b16_s2" not in default.stdout
+    for command in (("inspect", "examples/qwen3-30b-a3b.yaml"),
+                    ("compile", "examples/qwen3-30b-a3b.yaml", "-o", str(tmp_path / "out"))):
+        proc = run_moegen(*command, "--tuning-db", str(tmp_path / "no.json"), cwd=ROOT)
+        assert proc.returncode == 2 and "no.json: no such file" in proc.stderr
+        assert proc.stderr.count("\n") == 1
