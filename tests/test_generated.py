@@ -52,9 +52,14 @@ def test_launch_plan():
         v = g["variants"][5]
         assert (v["tall"], v["block"], v["col_tiles"], v["warps"]) == (True, 128, 4, 16)
         assert kernels[v["kernel"]]["shared_bytes"] == v["shared_bytes"] > 48 * 1024
-        assert re.search(r"__launch_bounds__\(512\)\n" + v["kernel"] + r"\(.*?"
-                         r"grouped_gemm_wgmma_tall<128,.*?#else\s*moegen::grouped_gemm_wide<128, 32,"
-                         r" 4,.*?, true>\(", source, re.DOTALL)
+        body = kernel_body(source, v["kernel"])
+        assert source.count(f"__launch_bounds__(512)\n{v['kernel']}(") == 1
+        assert call_args(body, "grouped_gemm_wgmma_tall")["BLOCK"] == "128"
+        wide = call_args(body, "grouped_gemm_wide")       # compiled without warpgroup MMA
+        assert body.index("grouped_gemm_wgmma_tall<") < body.index("#else") < body.index(
+            "grouped_gemm_wide<")
+        assert [wide[k] for k in ("BLOCK", "WARP_ROWS", "COLT", "DYNAMIC_SHARED")] == [
+            "128", "32", "4", "true"]
     # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM (gate/up,
     # whole, is the prefill kernel: uncapped); the partials hold every split of every tile of
     # the largest call
@@ -106,32 +111,42 @@ def test_the_k_split_gemms_follow_with_pdl():
         assert all(not v["release_after_loop"] for v in down["variants"])
         assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows | waits
         for v in up["variants"] + down["variants"]:
-            body = source[source.index(v["kernel"] + "("):]
-            body = body[:body.index("\n}\n")]
-            args = re.search(r"grouped_gemm<([^>]*)>\(", body)
+            body = kernel_body(source, v["kernel"])
             if v["tall"]:               # the tall tile launches plainly
                 assert "grouped_gemm_wgmma_tall<" in body
                 assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue
-            if v["col_tiles"] > 1:      # the wide CTAs: ..., SUM_TOPK, SPLIT> where split,
-                # ..., SPLIT, PIN_ADDRESSES> in the decode bucket, then SPLIT_MANY, FILL_CTAS
-                # where the device picks the split per call
-                wide = re.search(r"grouped_gemm_wgmma<([^>]*)>\(", body).group(1).split(",")
-                want = ([str(v["split"]), "true"] if v["ctas_per_sm"]
-                        else [str(v["split"])] if v["split"] > 1 else [])
+            if v["col_tiles"] > 1:      # the wide CTAs: SPLIT where split, PIN_ADDRESSES
+                # where capped, SPLIT_MANY and FILL_CTAS where the device picks the split per
+                # call (the header's defaults otherwise)
+                wide = call_args(body, "grouped_gemm_wgmma")
+                want = ({"SPLIT": str(v["split"]), "PIN_ADDRESSES": "true"} if v["ctas_per_sm"]
+                        else {"SPLIT": str(v["split"])} if v["split"] > 1 else {})
                 if v["split_many"] != v["split"]:
-                    want += [str(v["split_many"]), str(v["fill_ctas"])]
-                assert [a.strip() for a in wide[13:]] == want, v
+                    want.update(SPLIT_MANY=str(v["split_many"]), FILL_CTAS=str(v["fill_ctas"]))
+                assert {k: wide[k] for k in ("SPLIT", "PIN_ADDRESSES", "SPLIT_MANY",
+                                             "FILL_CTAS") if k in wide} == want, v
                 assert "launch" not in next(k for k in plan["kernels"] if k["name"] == v["kernel"])
                 continue
-            # FOLLOWS, RELEASE_AFTER_LOOP, WAITS_FIRST
-            tail = [a.strip() for a in args.group(1).split(",")][15:]
-            assert (tail[:1] == ["true"]) == (v["kernel"] in follows), v["kernel"]
-            assert (tail[1:2] == ["true"]) == (v["kernel"] in late), v["kernel"]
-            assert (tail[2:3] == ["true"]) == (v["kernel"] in waits), v["kernel"]
+            args = call_args(body, "grouped_gemm")
+            for key, kernels in (("FOLLOWS", follows), ("RELEASE_AFTER_LOOP", late),
+                                 ("WAITS_FIRST", waits)):
+                assert (args.get(key) == "true") == (v["kernel"] in kernels), (key, v["kernel"])
 
 
 NVCC = shutil.which("nvcc")
+
+
+def kernel_body(source: str, kernel: str) -> str:
+    """A generated kernel's text, from its name to its closing brace."""
+    start = source.index(kernel + "(")
+    return source[start:source.index("\n}\n", start)]
+
+
+def call_args(body: str, fn: str) -> dict:
+    """NAME -> value of the named template arguments (/*NAME=*/value) of the call of `fn`."""
+    args = re.search(r"moegen::" + fn + r"<(.*?)>\(", body, re.S).group(1)
+    return dict(re.findall(r"/\*(\w+)=\*/([^,>\s]+)", args))
 
 
 def nvcc_build(source, out_dir, arch="sm_90", werror=True) -> str:
@@ -334,24 +349,31 @@ def test_fused_topk_sum_plan():
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
         assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
-        # the K-split call ends its template arguments with DENSE = false, SUM_TOPK = 2 and
-        # FOLLOWS = true (programmatic dependent launch), the wide ones with MUL_WEIGHTS = true,
-        # SUM_TOPK = 2 (then, split over K, the grid's split and the rest; the warpgroup MMA
-        # kernel for sm_90a, else the wide CTA on mma.sync, with the same arguments)
-        split = rf", {v['split']}, [^>]*" if v["split"] > 1 else ""
-        wide = r"grouped_gemm_wide<[^>]*true, 2" + split + r">\(\s*"
-        if v["wgmma"]:
-            wide = (r"grouped_gemm_wgmma<[^>]*true, 2" + split + r">\(\s*#else\s*moegen::" + wide
-                    + r"#endif\s*")
-        call = (r"false, 2, true>\(\s*a, w, .*counters,\s*sum_out, sum_counters\);" if v["col_tiles"] == 1
-                else wide + r"a, w, .*out,\s*sum_out, sum_counters" +
-                (r", partials, counters" if split else "") + r"\);")
-        if v["tall"]:   # the tall tile, else the wide CTA of its block in dynamic shared memory
-            call = (r"grouped_gemm_wgmma_tall<.*true, 2>\(\s*#else\s*moegen::grouped_gemm_wide<"
-                    r".*true, 2, 1, 1, 0, true>\(\s*#endif\s*a, w, .*out,\s*sum_out, sum_counters\);")
-        start = source.index(v["kernel"] + "(")
-        body = source[start:source.find("\n}\n", start)]     # this kernel's own call
-        assert re.search(call, body, re.S), v["kernel"]
+        # every call sums 2 top-k rows and multiplies the routing weights; the K-split one
+        # follows gate/up under PDL; the wide ones, split over K, take the grid's split (the
+        # warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with the same
+        # arguments); the tall tile's stand-in is the wide CTA of its block in dynamic shared
+        # memory
+        body = kernel_body(source, v["kernel"])
+        calls = [re.search(r"moegen::(grouped_gemm\w*)<", part).group(1)
+                 for part in body.split("#else")]
+        want = (["grouped_gemm"] if v["col_tiles"] == 1 else
+                ["grouped_gemm_wgmma_tall" if v["tall"] else "grouped_gemm_wgmma",
+                 "grouped_gemm_wide"] if v["wgmma"] else ["grouped_gemm_wide"])
+        assert calls == want, v["kernel"]
+        for fn in calls:
+            args = call_args(body, fn)
+            assert (args["SUM_TOPK"], args["MUL_WEIGHTS"]) == ("2", "true"), (fn, v["kernel"])
+            if fn == "grouped_gemm":
+                assert args["FOLLOWS"] == "true"
+            elif fn != "grouped_gemm_wgmma_tall":
+                assert args.get("SPLIT", "1") == str(v["split"]), (fn, v["kernel"])
+                assert (args.get("DYNAMIC_SHARED") == "true") == (fn == "grouped_gemm_wide"
+                                                                  and v["tall"])
+        ends = ("counters,\n      sum_out, sum_counters);" if v["col_tiles"] == 1 else
+                "out,\n      sum_out, sum_counters" + (", partials, counters" if v["split"] > 1
+                                                        else "") + ");")
+        assert body.rstrip().endswith(ends), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:
         assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
@@ -389,3 +411,28 @@ def test_no_fused_route_align_when_turned_off():
     assert "moe_route_align" not in files["qwen3-30b-a3b.cu"]
     assert "moe_route_align" not in [k["name"] for k in plan["kernels"]]
     assert plan["router"] == "redux"
+
+
+def test_named_template_arguments_match_the_header():
+    """Each GEMM call's template arguments carry their parameter's name (/*NAME=*/value): the
+    names of every call in the examples' sources, and of the dequant lowering's, are the
+    header's parameters of that function, in its order."""
+    header = (ROOT / "templates" / "cuda" / "moegen_w4a16.cuh").read_text()
+    params = {name: re.findall(r"(?:int|bool) (\w+)", plist)
+              for plist, name in re.findall(r"template <([^>]*)>\s*__device__ __forceinline__ "
+                                            r"void (grouped_gemm\w*)\(", header)}
+    assert set(params) == {"grouped_gemm", "grouped_gemm_wide", "grouped_gemm_wgmma",
+                           "grouped_gemm_wgmma_tall"}
+    sources = [(GENERATED / "cuda" / n / f"{n}.cu").read_text() for n in CUDA_EXAMPLES[:4]]
+    spec = moegen.load_spec({**_msd_seed_dict(), "lowering": "dequant"})
+    sources.append(emit(spec, "cuda")[f"{spec.name}.cu"])
+    calls = [(fn, re.findall(r"/\*(\w+)=\*/", args)) for src in sources
+             for fn, args in re.findall(r"moegen::(grouped_gemm\w*)<(.*?)>\(", src, re.S)]
+    assert len(calls) > 20 and {fn for fn, _ in calls} == set(params)
+    for fn, names in calls:
+        assert names == params[fn][:len(names)], (fn, names)
+
+
+def _msd_seed_dict() -> dict:
+    import yaml
+    return yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())

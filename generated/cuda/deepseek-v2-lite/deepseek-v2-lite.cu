@@ -292,7 +292,11 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 2048, 44, 1408, 128, 4, 8, 1, 6, 1, true, false, false, 0, false, false, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128, /*WARPS=*/4,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -302,9 +306,15 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 2048, 44, 1408, 128, 4, 2, 6, 1, true, false>(
+  moegen::grouped_gemm_wgmma<
+      /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128,
+      /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false>(
 #else
-  moegen::grouped_gemm_wide<32, 32, 4, 2048, 44, 1408, 128, 4, 2, 6, 1, true, false>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -315,9 +325,15 @@ moe_gemm_gate_up_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 2048, 44, 1408, 128, 4, 8, 6, 1, true, false>(
+  moegen::grouped_gemm_wgmma_tall<
+      /*BLOCK=*/128, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128, /*STAGES=*/4, /*KS=*/8,
+      /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false>(
 #else
-  moegen::grouped_gemm_wide<128, 32, 4, 2048, 44, 1408, 128, 4, 4, 6, 1, true, false, 0, 1, 1, 0, true>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
+      /*DYNAMIC_SHARED=*/true>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -328,7 +344,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 1408, 32, 2048, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*WARPS=*/4,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -338,9 +357,15 @@ moe_gemm_down_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4* s
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 1408, 32, 2048, 128, 4, 2, 1, 0, false, true>(
+  moegen::grouped_gemm_wgmma<
+      /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128,
+      /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true>(
 #else
-  moegen::grouped_gemm_wide<32, 32, 4, 1408, 32, 2048, 128, 4, 2, 1, 0, false, true>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -351,9 +376,15 @@ moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* s
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 1408, 32, 2048, 128, 4, 8, 1, 0, false, true>(
+  moegen::grouped_gemm_wgmma_tall<
+      /*BLOCK=*/128, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*STAGES=*/4, /*KS=*/8,
+      /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true>(
 #else
-  moegen::grouped_gemm_wide<128, 32, 4, 1408, 32, 2048, 128, 4, 4, 1, 0, false, true, 0, 1, 1, 0, true>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
+      /*DYNAMIC_SHARED=*/true>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }

@@ -293,7 +293,11 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_gate_up_b8_s1_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 4096, 448, 14336, 128, 2, 8, 1, 2, 1, true, false, false, 0, false, true, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
+      /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -303,7 +307,11 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 1, 4096, 448, 14336, 128, 4, 8, 1, 2, 1, true, false, false, 0, false, false, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
+      /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -313,7 +321,11 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b16_s1_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<16, 1, 4096, 448, 14336, 128, 4, 8, 1, 2, 1, true, false, false, 0, false, false, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/16, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
+      /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -323,9 +335,15 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const half* a, const uint4* w, const uint4
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
+  moegen::grouped_gemm_wgmma<
+      /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
+      /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false>(
 #else
-  moegen::grouped_gemm_wide<32, 32, 4, 4096, 448, 14336, 128, 4, 2, 2, 1, true, false>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -336,9 +354,15 @@ moe_gemm_gate_up_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 4096, 448, 14336, 128, 4, 8, 2, 1, true, false>(
+  moegen::grouped_gemm_wgmma_tall<
+      /*BLOCK=*/128, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128, /*STAGES=*/4,
+      /*KS=*/8, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false>(
 #else
-  moegen::grouped_gemm_wide<128, 32, 4, 4096, 448, 14336, 128, 4, 4, 2, 1, true, false, 0, 1, 1, 0, true>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
+      /*DYNAMIC_SHARED=*/true>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -349,7 +373,10 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b8_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 8, 14336, 64, 4096, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/8, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
+      /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -359,7 +386,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<8, 4, 14336, 64, 4096, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
+      /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -369,7 +399,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b16_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<16, 4, 14336, 64, 4096, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/16, /*SPLIT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
+      /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -380,9 +413,16 @@ moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(const half* a, const uint4* w, const
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma<32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 8, true, 4, 475>(
+  moegen::grouped_gemm_wgmma<
+      /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
+      /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/8, /*PIN_ADDRESSES=*/true, /*SPLIT_MANY=*/4,
+      /*FILL_CTAS=*/475>(
 #else
-  moegen::grouped_gemm_wide<32, 32, 4, 14336, 64, 4096, 128, 4, 2, 1, 0, false, true, 0, 8, 4, 475>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/8, /*SPLIT_MANY=*/4, /*FILL_CTAS=*/475>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
       nullptr, nullptr, partials, counters);
@@ -394,9 +434,15 @@ moe_gemm_down_b128_c4_tall_p4_k128(const half* a, const uint4* w, const uint4* s
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  moegen::grouped_gemm_wgmma_tall<128, 14336, 64, 4096, 128, 4, 8, 1, 0, false, true>(
+  moegen::grouped_gemm_wgmma_tall<
+      /*BLOCK=*/128, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128, /*STAGES=*/4,
+      /*KS=*/8, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true>(
 #else
-  moegen::grouped_gemm_wide<128, 32, 4, 14336, 64, 4096, 128, 4, 4, 1, 0, false, true, 0, 1, 1, 0, true>(
+  moegen::grouped_gemm_wide<
+      /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096,
+      /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
+      /*DYNAMIC_SHARED=*/true>(
 #endif
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }

@@ -293,7 +293,11 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_gate_up_b4_s8_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 8, 256, 4, 128, 128, 2, 8, 1, 2, 1, true, false, false, 0, false, true, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/4, /*SPLIT=*/8, /*KDIM=*/256, /*NTILES=*/4, /*NOUT=*/128, /*G=*/128, /*WARPS=*/2,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -303,7 +307,11 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b4_s4_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 4, 256, 4, 128, 128, 4, 8, 1, 2, 1, true, false, false, 0, false, false, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/4, /*SPLIT=*/4, /*KDIM=*/256, /*NTILES=*/4, /*NOUT=*/128, /*G=*/128, /*WARPS=*/4,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -313,7 +321,10 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b4_s4_p8_w2(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 4, 128, 4, 256, 128, 2, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/4, /*SPLIT=*/4, /*KDIM=*/128, /*NTILES=*/4, /*NOUT=*/256, /*G=*/128, /*WARPS=*/2,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 
@@ -323,7 +334,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b4_s2_p8(const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
     float* partials, int* counters) {
-  moegen::grouped_gemm<4, 2, 128, 4, 256, 128, 4, 8, 1, 1, 0, false, true, false, 0, true>(
+  moegen::grouped_gemm<
+      /*BLOCK=*/4, /*SPLIT=*/2, /*KDIM=*/128, /*NTILES=*/4, /*NOUT=*/256, /*G=*/128, /*WARPS=*/4,
+      /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials, counters);
 }
 

@@ -19,6 +19,7 @@ from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
 from .launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
+from .template_args import template_args
 
 HEADER_FILE = "moegen_w4a16.cuh"
 ROUTER_WARPS = 4
@@ -184,7 +185,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
               for g in gemms]
     header = file_header(spec, pipeline)
-    source = render("cuda/moe_w4a16.cu.j2", header=header, E=m.num_experts, TOPK=m.top_k,
+    source = render("cuda/moe_w4a16.cu.j2", header=header, targs=template_args,
+                    E=m.num_experts, TOPK=m.top_k,
                     H=m.hidden_size, I=m.intermediate_size, G=spec.quant.group_size,
                     renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
                     gemms=unique,

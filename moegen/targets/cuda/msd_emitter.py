@@ -21,6 +21,7 @@ from ...resources import data_dir
 from ...spec import Spec, SpecError
 from ..header import file_header
 from .emitter import HEADER_FILE, CudaProgram
+from .template_args import template_args
 
 STAGE_CALL = {
     "unfold": "unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);",
@@ -148,7 +149,8 @@ def _dequant(spec: Spec, tile: dict, pipeline: str, arch: str) -> tuple[str, dic
     block, split = tile["block"], tile["split_k"]
     ntiles = -(-s.n // 64)
     blocks = -(-s.m // block)
-    source = render("cuda/msd_dequant.cu.j2", header=file_header(spec, pipeline), M=s.m, N=s.n,
+    source = render("cuda/msd_dequant.cu.j2", header=file_header(spec, pipeline),
+                    targs=template_args, M=s.m, N=s.n,
                     K=s.k, G=g, NTILES=ntiles, tile=tile)
     rows = -(-block // 16) * 16
     plan = {
