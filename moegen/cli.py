@@ -117,9 +117,9 @@ def _token_list(text: str, most: int | None = None, flag: str = "--tokens") -> l
     return tokens
 
 
-def _tunable(spec, tokens: list[int]) -> list[int]:
-    """`--tokens` of a sweep: some count the spec's layer serves (autotune skips the others
-    with a line, as bench does)."""
+def _sweep_tokens(spec, tokens: list[int]) -> list[int]:
+    """autotune's `--tokens`, refused where the spec's layer serves none of them (autotune
+    skips those above tokens.max with a line, as bench does)."""
     if min(tokens) > spec.tokens.max:
         raise UsageError(f"--tokens: {', '.join(map(str, tokens))} all above the spec's "
                          f"tokens.max ({spec.tokens.max})")
@@ -207,7 +207,7 @@ def cmd_autotune(args) -> int:
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s)
     else:
-        results = _gpu(autotune_moe, spec, _tunable(spec, _token_list(args.tokens)), db,
+        results = _gpu(autotune_moe, spec, _sweep_tokens(spec, _token_list(args.tokens)), db,
                        args.budget_s)
     print(results_table(results, "M" if spec.pipeline == "msd_matmul" else "T"))
     print(f"wrote {db.path}")
