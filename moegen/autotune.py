@@ -401,31 +401,45 @@ class MsdConfig:
 
 def msd_config_space(spec: Spec) -> list[MsdConfig]:
     """msd: s8 MMA on 64, 128 or 256 columns (8 n8 tiles a matrix warp) x 2, 4 or 8 vector
-    warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA),
-    with the ring stages and occupancy of the rows' default layout (the tile pass bounds the
-    occupancy by each layout's shared memory and threads); dequant: split-K over k16 steps of
-    its warps, where its shape rule allows the lowering. Ordered so that a short budget covers
-    the default layout and the dequant lowering."""
-    from .passes.tile import (MSD_CUDA_TILE, fit_warps, msd_cube_warps, msd_warp_layout,
-                              splits_evenly)
+    warps, the s4 MMA on the default layout, each x split-K over whole groups (2+ per CTA);
+    the default layout as the tile pass builds it (its columns, warps, ring stages and
+    occupancy: fewer columns and stages where the rows need the shared memory), the others at
+    the rows' ring stages, or 2 where those do not fit, and left out where 2 do not either;
+    dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering.
+    Ordered so that a short budget covers the default layout and the dequant lowering."""
+    from .passes.tile import (MSD_CUDA_TILE, SHARED_OPT_IN, fit_warps, msd_cube_warps,
+                              msd_layout_bytes, msd_warp_layout, splits_evenly)
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
-    layout = {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}
-    own = (layout["block_n"], layout["vec_warps"])
+    built = msd_default_config(replace(spec, lowering="msd"))
+    own = (built["block_n"], built["vec_warps"])
+    rows = {**MSD_CUDA_TILE, **msd_warp_layout(s.m)}     # the rows' stages and occupancy
 
-    def msd(split: int, mma: str, block_n: int, vec: int) -> MsdConfig:
-        return MsdConfig("msd", split, mma, block_n, vec, msd_cube_warps(block_n),
-                         layout["stages"], layout["occupancy"])
+    def layout(mma: str, block_n: int, vec: int) -> tuple | None:
+        """(columns, vector warps, matrix warps, stages, occupancy) of a layout that fits, else
+        None."""
+        if (block_n, vec) == own and mma == built["mma"]:
+            return (block_n, vec, built["cube_warps"], built["stages"], built["occupancy"])
+        stages = next((d for d in (rows["stages"], 2)
+                       if msd_layout_bytes(spec, block_n, vec, d, mma) <= SHARED_OPT_IN), None)
+        cube = built["cube_warps"] if (block_n, vec) == own else msd_cube_warps(block_n)
+        return None if stages is None else (block_n, vec, cube, stages, rows["occupancy"])
+
+    def msd(mma: str, block_n: int, vec: int) -> list[MsdConfig]:
+        fit = layout(mma, block_n, vec)
+        return [] if fit is None else [MsdConfig("msd", sp, mma, *fit) for sp in splits]
     # the default layout's splits first, then the dequant lowering, then the other layouts and
     # the s4 MMA: a short budget still measures both lowerings
-    out = [msd(sp, "s8", *own) for sp in splits]
+    out = msd("s8", *own)
     if s.n % 8 == 0:
         w = fit_warps(s.k, 4)
         out += [MsdConfig("dequant", sp) for sp in (1, 2, 4, 8) if splits_evenly(s.k, sp, w)]
-    out += [msd(sp, "s8", bn, vec) for bn in (64, 128, 256) for vec in (2, 4, 8)
-            if (bn, vec) != own for sp in splits]
-    out += [msd(sp, "s4", *own) for sp in splits]
+    for bn in (64, 128, 256):
+        for vec in (2, 4, 8):
+            if (bn, vec) != own:
+                out += msd("s8", bn, vec)
+    out += msd("s4", *own)
     return out
 
 

@@ -482,6 +482,37 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
                                                  tuning=tuning)[0])
 
 
+@pytest.mark.parametrize("m", [1, 64])
+def test_msd_candidates_build_and_their_entries_build_them_again(tmp_path, m):
+    """Every MSD candidate lowers (at M = 64 the rows take most of the shared memory: the
+    default layout as the tile pass builds it, 64 columns at 2 stages, comes first, and layouts
+    that would not fit even at 2 stages are left out), and its recorded entry builds its
+    kernels again."""
+    from moegen.targets.cuda.msd_emitter import emit_msd
+    spec = dataclasses.replace(MSD, msd=dataclasses.replace(MSD.msd, m=m))
+    space = at.msd_config_space(spec)
+    default = at.msd_default_config(spec)
+    first = space[0]
+    assert (first.block_n, first.vec_warps, first.cube_warps, first.stages, first.occupancy) == (
+        default["block_n"], default["vec_warps"], default["cube_warps"], default["stages"],
+        default["occupancy"])
+    if m == 64:
+        assert (first.block_n, first.stages) == (64, 2)
+        assert {c.block_n for c in space if c.lowering == "msd"} == {64}
+    for i, cfg in enumerate(space):
+        lowered = dataclasses.replace(spec, lowering=cfg.lowering)
+        module, _, pm = lower(lowered, "cuda", cfg.pipeline(), tuning=None)
+        timed = emit_msd(lowered, module, pm.pipeline).plan
+        path = tmp_path / f"{i}.json"
+        at.TuningDB(path).record(lowered, H200, [{"tokens": m, "time_us": 1.0, "default_us": 1.0,
+                                                  "config": cfg.as_dict(spec.schedule),
+                                                  "checked": True}])
+        module, _, pm = lower(lowered, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))
+        recorded = emit_msd(lowered, module, pm.pipeline).plan
+        assert {k: v for k, v in recorded.items() if k != "passes"} == {
+            k: v for k, v in timed.items() if k != "passes"}, cfg
+
+
 def test_msd_default_config_records_the_default_tile(tmp_path):
     """When no candidate beats the defaults the sweep records them: read back, the same tile."""
     for spec in (MSD, dataclasses.replace(MSD, lowering="dequant")):

@@ -472,6 +472,16 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
                    + slots["a_max"] * (m + (rows if tile["mma"] == "s4" else 0))))
 
 
+def msd_layout_bytes(spec, block_n: int, vec_warps: int, stages: int, mma: str) -> int:
+    """Dynamic shared memory of the CUDA MSD kernel of a spec in a layout: `block_n` columns,
+    `vec_warps` vector warps, `stages` weight ring stages (2 at least), the `mma` (as the tile
+    pass builds it; a layout that passes SHARED_OPT_IN does not build)."""
+    s, g = spec.msd, spec.quant.group_size
+    tile = {"block_n": block_n, "w_stages": max(2, stages), "mma": mma, "vec_warps": vec_warps,
+            "x_stages": msd_x_stages(s.m, g, vec_warps)}
+    return msd_shared_bytes(s.m, g, s.steps, tile, MSD_MAX_SLOTS, MSD_MAX_BARRIERS)
+
+
 MSD_WARP_N8 = 8    # n8 tiles a matrix warp multiplies in the default layouts
 
 
