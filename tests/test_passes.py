@@ -694,6 +694,42 @@ def test_prefill_split_options():
         prefill("prefill-split-k=2", odd)
 
 
+@pytest.mark.parametrize("buckets,message", [
+    ([[8192, 3, 1]], "the bucket up to T = 8192 has moe-block 3: must be one of 1, 2, 4, 8, 16, "
+                     "32, 64, 128"),
+    ([[8192, 8, 0]], "has split-k 0: must be an integer >= 1"),
+    ([[8192, 8, True]], "has split-k True: must be an integer >= 1"),
+    ([[8192, 8, 1, 8, "2"]], "has split-k-down '2': must be an integer >= 1"),
+    ([[8192, 8, 1, 0]], "has stages 0: must be an integer >= 1"),
+    ([[8192, 8, 1, 8, 1, 48]], "has block-k 48: must be one of 16, 32"),
+    ([[8192, 8, 1, 8, 1, 16, 3]], "has warps 3: must be one of 1, 2, 4, 8"),
+    ([[8192, 32, 1, 4, 1, 32, 4, 3, 32, 1]], "has wide-cols 3: must be one of 0, 1, 2, 4, 8"),
+    ([[8192, 32, 1, 4, 1, 32, 4, 4, 48, 1]], "has warp-rows 48: must be one of 32, 64"),
+    ([[8192, 32, 1, 4, 1, 32, 4, 4, 32, 1, 2]], "has wide_decode 2: must be one of 0, 1"),
+    ([[64, 8, 1], [32, 8, 1], [8192, 8, 1]], "the bucket up to T = 32: bucket ends must be "
+                                             "integers that ascend"),
+])
+def test_a_hand_edited_tuning_entry_fails_naming_the_field(buckets, message):
+    """A tuning entry is a file people may edit: each field must take a value its option
+    takes, the buckets must ascend, a block must fit the routing buffers (the spec's
+    moe.block_size where it sets one); the error names the bucket, the field and the rule."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    with pytest.raises(PipelineError, match=re.escape(f"tuning entry: {message}") if
+                       message.startswith("the bucket") else re.escape(message)):
+        lower(spec, "cuda", tuning=_Entries(buckets))
+
+
+def test_a_tuning_entry_keeps_the_spec_block_and_the_msd_option_values():
+    seed = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")          # moe.block_size 4
+    with pytest.raises(PipelineError, match=r"the bucket up to T = 64 has moe-block 32: must be "
+                                            r"the spec's moe\.block_size, 4"):
+        lower(seed, "cuda", tuning=_Entries([[64, 32, 1]]))
+    entry = type("Entry", (), {"lookup": lambda self, spec, target: {"block_n": 100}})()
+    with pytest.raises(PipelineError, match=r"tuning entry has block-n 100: must be one of 16, "
+                                            r"32, 64, 128, 256"):
+        lower(MSD, "cuda", tuning=entry)
+
+
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
     the entry says, registers capped for 4 CTAs an SM (2 of two warpgroups); a split that cuts a

@@ -640,6 +640,8 @@ class TilePass(Pass):
                 if fixed is not None and fixed > op.attr("block"):
                     raise PipelineError(f"tile{{moe-block={fixed}}}: larger than the routing "
                                      f"buffers allow (block = {op.attr('block')})")
+                if tuned_buckets:
+                    self._check_entry(spec, tuned_buckets, op.attr("block"))
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.topk_softmax":
                 op.attrs["router"] = self.option("router")
@@ -656,6 +658,47 @@ class TilePass(Pass):
                 n = op.operands[1].type.shape[2].value
                 down = bool(op.attr("mul_topk_weights"))
                 op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, tuned_buckets)
+
+    # a tuning entry's bucket: the option whose values each field after the edge must take
+    ENTRY_FIELDS = ("moe-block", "split-k", "stages", "split-k-down", "block-k", "warps",
+                    "wide-cols", "warp-rows", "wgmma")
+
+    def _check_entry(self, spec, tuned_buckets: list, routing_block: int) -> None:
+        """A tuning entry (a database file, maybe edited by hand) takes the values the options
+        take, its buckets end in ascending order, and its blocks fit the routing buffers (the
+        spec's moe.block_size where it fixes one)."""
+        edge = 0
+        for b in tuned_buckets:
+            where = f"tuning entry: the bucket up to T = {b[0]}"
+            if not (type(b[0]) is int and b[0] > edge):
+                raise PipelineError(f"{where}: bucket ends must be integers that ascend")
+            edge = b[0]
+            # (wide_decode, last, is 0 or 1 as wgmma; a tall bucket's k a stage, warps, columns
+            # and rows are the tall tile's own, whatever the entry says)
+            fields = [(option, name, value) for option, name, value in zip(
+                self.ENTRY_FIELDS + ("wgmma",), self.ENTRY_FIELDS + ("wide_decode",), b[1:])
+                if b[1] != TALL_BLOCK or option in ("moe-block", "split-k", "stages",
+                                                    "split-k-down")]
+            self._check_entry_values(where, [(o, v) for o, _, v in fields],
+                                     [n for _, n, _ in fields])
+            if b[1] > routing_block or spec.moe.block_size not in (None, b[1]):
+                rule = (f"the spec's moe.block_size, {spec.moe.block_size}"
+                        if spec.moe.block_size else f"at most {routing_block}, as the routing "
+                        f"buffers allow")
+                raise PipelineError(f"{where} has moe-block {b[1]}: must be {rule}")
+
+    def _check_entry_values(self, where: str, values, names=None) -> None:
+        """Each (option, value) of a tuning entry takes a value the option takes; `names`: how
+        the error calls them, where not by the option's name."""
+        for i, (option, value) in enumerate(values):
+            opt = self.OPTIONS[option]
+            if type(value) is not opt.type or (      # (an int, not a bool: JSON true)
+                    value not in opt.choices if opt.choices
+                    else opt.type is int and value < opt.minimum):
+                rule = (f"one of {', '.join(map(str, opt.choices))}" if opt.choices
+                        else f"an integer >= {opt.minimum}")
+                name = names[i] if names else option
+                raise PipelineError(f"{where} has {name} {value!r}: must be {rule}")
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
@@ -869,6 +912,9 @@ class TilePass(Pass):
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
         loop = module.function().op("msd.group_loop")
+        self._check_entry_values("tuning entry", [(key.replace("_", "-"), value)
+                                                  for key, value in tuned.items()
+                                                  if key != "schedule"])
         if ctx.target == "ascend":
             a = spec.targets.ascend
             cores = a.aic_cores if a else 24
