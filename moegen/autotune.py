@@ -555,6 +555,32 @@ def keep_default_unless_faster(best: tuple, default: MoeConfig, default_us: floa
     return best if beats_default(best[0], default_us) else (default_us, default)
 
 
+def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str:
+    """What a sweep would time, without a GPU: per token count (MSD: for the spec's M) each
+    candidate's pass pipeline (MoE: as `moegen bench --pass-pipeline` takes it), the default
+    marked."""
+    if spec.pipeline == "msd_matmul":
+        default = msd_default_config(spec)
+        space = msd_config_space(spec)
+        lines = [f"M = {spec.msd.m}: {len(space)} candidates, each timed in both schedules "
+                 f"(default: {', '.join(f'{k}={v}' for k, v in default.items())})"]
+        lines += [f"  {c.pipeline()}" + ("  <- the default" if c.as_dict(
+                      default.get("schedule")) == default else "") for c in space]
+        return "\n".join(lines)
+    lines = []
+    for t in tokens:
+        if t > spec.tokens.max:
+            lines.append(f"T = {t}: skipped, above tokens.max ({spec.tokens.max})")
+            continue
+        default = default_config(spec, t, arch)
+        space = config_space(spec, t, arch)
+        lines.append(f"T = {t}: {len(space)} candidates, then the default "
+                     f"({', '.join(f'{k}={v}' for k, v in default.as_dict().items())})")
+        lines += [f"  {c.pipeline()}" + ("  <- builds the default's kernels"
+                                         if same_tile(c, default) else "") for c in space]
+    return "\n".join(lines)
+
+
 def results_table(results: list[dict], what: str = "T") -> str:
     """The sweep's outcome, one row per token count (MSD: per lowering): the config recorded,
     its time, the default's, the speed-up."""

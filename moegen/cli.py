@@ -202,7 +202,12 @@ def cmd_compile(args) -> int:
 
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
-    from .autotune import TuningDB, autotune_moe, autotune_msd, results_table
+    from .autotune import TuningDB, autotune_moe, autotune_msd, results_table, sweep_listing
+    if args.list:
+        print(sweep_listing(spec, _token_list(args.tokens), args.arch))
+        return 0
+    if args.arch:
+        raise UsageError(f"--arch {args.arch}: with --list only (a sweep plans for its GPU)")
     db = TuningDB(args.tuning_db)
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s)
@@ -356,6 +361,11 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget-s", type=float, default=None, help="stop sweeping after N seconds")
     s.add_argument("--tuning-db", metavar="PATH", help="database file (default: "
                    "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json)")
+    s.add_argument("--list", action="store_true", help="list the candidates the sweep would "
+                   "time, per token count, as pass pipelines (for --pass-pipeline of inspect, "
+                   "compile and, MoE, bench; no GPU needed)")
+    s.add_argument("--arch", choices=CUDA_ARCHS, help="with --list: plan for this arch "
+                   "(default: the spec's targets.cuda.arch)")
     s.set_defaults(func=cmd_autotune)
     return p
 

@@ -234,3 +234,29 @@ def test_inspect_and_compile_plan_with_a_tuning_database_when_given(tmp_path):
         proc = run_moegen(*command, "--tuning-db", str(tmp_path / "no.json"), cwd=ROOT)
         assert proc.returncode == 2 and "no.json: no such file" in proc.stderr
         assert proc.stderr.count("\n") == 1
+
+
+def test_autotune_list_shows_the_sweep_without_a_gpu():
+    """`autotune --list` prints, per token count, every candidate's pass pipeline (the default
+    marked where a candidate builds its kernels), skips counts above tokens.max, and needs no
+    GPU; MSD specs list their candidates with the default marked."""
+    import moegen
+    from moegen import autotune as at
+    proc = run_moegen("autotune", "examples/mixtral-8x7b.yaml", "--list", "--tokens",
+                      "128,2048,9000", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    blocks = proc.stdout.split("\nT = ")
+    for block, t in zip(blocks, (128, 2048)):
+        lines = block.splitlines()
+        head = lines[0].removeprefix("T = ")
+        assert head.startswith(f"{t}: {len(at.config_space(spec, t))} candidates")
+        assert [line.split()[0] for line in lines[1:]] == [
+            c.pipeline() for c in at.config_space(spec, t)]
+    assert "prefill-split-k-down=8" in blocks[0]
+    assert blocks[1].count("<- builds the default's kernels") == 1
+    assert blocks[2].startswith("9000: skipped, above tokens.max (8192)")
+    proc = run_moegen("autotune", "examples/msd-seed.yaml", "--list", cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.count("<- the default") == 1
+    proc = run_moegen("autotune", "examples/msd-seed.yaml", "--arch", "sm_80", cwd=ROOT)
+    assert proc.returncode == 2 and "--arch sm_80: with --list only" in proc.stderr
