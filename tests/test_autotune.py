@@ -195,13 +195,13 @@ def test_default_config_is_recognised_in_the_sweep():
     assert at.default_config(mixtral, 1) == at.MoeConfig(8, 1, 8, 8, warps=2)
     assert at.default_config(mixtral, 1) in at.config_space(mixtral, 1)
     assert at.default_config(mixtral, 4) == at.MoeConfig(8, 1, 8, 4)
-    # T = 65..255: the wide CTA, its down GEMM split 4 as at decode (16 blocks x 16 tiles leave
+    # T = 65..159: the wide CTA, its down GEMM split 4 as at decode (10 blocks x 16 tiles leave
     # the SMs short); Qwen3's prefill bucket of block 32 fills them unsplit
     assert at.default_config(mixtral, 128) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
                                                            wide_decode=1)
     assert at.default_config(QWEN, 512) == at.MoeConfig(32, 1, 4, 1, 32, 4, col_tiles=4)
     wide = at.default_config(QWEN, 512)
-    # from T = 256 (64 slots an expert) the tall tile: block 128, 128 k a stage
+    # from T = 160 (40 slots an expert, of 8 experts) the tall tile: block 128, 128 k a stage
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
     assert not at.same_tile(wide, at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
@@ -317,7 +317,7 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
             assert sum(c.moe_block == 128 for c in space) == 2
             assert not any(c.moe_block == 128 for c in at.config_space(spec, t, "sm_90"))
     # below the tall edge, after the wide CTA's candidates, from 33 slots an expert
-    space = at.config_space(mixtral, 200)                  # 50 slots: the wide CTA's default
+    space = at.config_space(mixtral, 150)                  # 37 slots: the wide CTA's default
     tall = [i for i, c in enumerate(space) if c.moe_block == 128]
     wide = [i for i, c in enumerate(space) if c.col_tiles > 1 and c.moe_block != 128]
     assert space[0].moe_block == 32 and [space[i].stages for i in tall] == [4, 3]

@@ -195,7 +195,7 @@ def test_inspect_launches_tabulates_the_launch_plan():
     assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ", out)
     assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "
                      r"+128, capped for 4 an SM +plain", out)
-    assert re.search(r"T = 256\.\.8192 +128 +gate_up +tall tile +1 +4 x 128 k +512 +plain", out)
+    assert re.search(r"T = 160\.\.8192 +128 +gate_up +tall tile +1 +4 x 128 k +512 +plain", out)
     proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", "--arch", "sm_80",
                       cwd=ROOT)
     assert proc.returncode == 0 and "plan for sm_80" in proc.stdout

@@ -112,8 +112,9 @@ def test_moe_passes_printed(path):
     # above 13 slots an average expert (Mixtral: T = 53..64) the wide CTA of block 32
     wd = 13 * spec.moe.num_experts // spec.moe.top_k
     wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
-    # from 64 slots an average expert (Mixtral: T = 256) the tall tile of block 128
-    tall = -(-64 * spec.moe.num_experts // spec.moe.top_k)
+    # from 64 slots an average expert (40 with 8 experts or fewer; Mixtral: T = 160) the tall
+    # tile of block 128
+    tall = -(-(40 if spec.moe.num_experts <= 8 else 64) * spec.moe.num_experts // spec.moe.top_k)
     tall = tall if not fixed and 64 < tall <= spec.tokens.max else None
     buckets = (f"[[1, {fixed or 8}], " if one else "[") + (
         f"[16, {fixed}], [64, {fixed}]]" if spec.tokens.max <= 64 else
@@ -255,7 +256,7 @@ def test_tall_tile_only_where_the_arch_has_warpgroup_mma():
         return module.function().op("moe.align").attrs["block_buckets"], tiles
 
     tall_buckets, tall_tiles = plan()
-    assert tall_buckets[-2:] == [[255, 32], [8192, 128]] and all(t["tall"][-1] for t in tall_tiles)
+    assert tall_buckets[-2:] == [[159, 32], [8192, 128]] and all(t["tall"][-1] for t in tall_tiles)
     assert plan("sm_90a") == (tall_buckets, tall_tiles)
     wide = plan("sm_90a", "fuse-align,fuse-swiglu,tile{tall=0},alloc")
     assert wide[0][-1] == [8192, 32] and not any(any(t["tall"]) for t in wide[1])
@@ -309,12 +310,13 @@ def test_wide_cta_in_prefill_buckets():
 
 
 def test_tall_tile_in_large_prefill_buckets():
-    """Prefill calls whose average expert gets 64 slots or more take the tall tile: a bucket
+    """Prefill calls whose average expert gets 64 slots or more (40 with 8 experts or fewer:
+    Mixtral from T = 160) take the tall tile: a bucket
     of block 128 (4 column tiles, 16 warps where it runs as the wide CTA, 64 k a stage, 4
     stages, dynamic shared memory); an option that pins the prefill tile, tall=0, or weights
     whose tiles do not make whole CTAs of 4 keep the wide CTA."""
     from moegen.passes.tile import tall_shared_bytes
-    edges = {"mixtral-8x7b": 256, "qwen3-30b-a3b": 1024, "deepseek-v2-lite": 683}
+    edges = {"mixtral-8x7b": 160, "qwen3-30b-a3b": 1024, "deepseek-v2-lite": 683}
     for name, edge in edges.items():
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         for t in gemm_tiles(spec):
@@ -463,10 +465,11 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole (the prefill kernel, its
     # registers not capped), down's 8 x 16 split 4 ways, capped for 4 CTAs an SM, its grid
     # split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split). So does
-    # the prefill bucket up to T = 255, whose largest call's 16 blocks x 16 down tiles still
+    # the prefill bucket up to T = 159, whose largest call's 10 blocks x 16 down tiles still
     # leave the SMs short (its gate/up fills them whole: not split, not capped).
-    # From T = 256 (64 slots an average expert) the tall tile of block 128 (16 warps).
-    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [255, 32],
+    # From T = 160 (40 slots an average expert, of 8 experts) the tall tile of block 128 (16
+    # warps).
+    assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [159, 32],
                                               [8192, 128]]
     assert gemms[0].attrs["tile"]["split_k"] == gemms[0].attrs["tile"]["split_many"] == [1] * 6
     assert gemms[1].attrs["tile"]["split_many"] == [8, 4, 4, 4, 4, 1]

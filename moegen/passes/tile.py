@@ -53,15 +53,16 @@ MoE (`moe_w4a16`):
   (``stages`` and ``block-k`` set them, the ring capped at 48 KB); ``wide-cols=0`` keeps the
   K-split CTA. Measured on the H200: 1.3-1.8x faster than the K-split CTA at T = 65..2048 on
   the three example models (docs/PERF.md). Where even a prefill bucket's largest call leaves
-  the SMs short of a GEMM's CTA tiles (``prefill_fill``: Mixtral's down GEMM up to T = 255,
-  16 blocks x 16 tiles), that GEMM splits over K as a decode bucket's wide CTA does (the split
+  the SMs short of a GEMM's CTA tiles (``prefill_fill``: Mixtral's down GEMM up to T = 159,
+  10 blocks x 16 tiles), that GEMM splits over K as a decode bucket's wide CTA does (the split
   sized for the bucket's smallest call, doubled per call, registers capped): measured 4-23%
-  faster at Mixtral T = 65..255. ``wgmma`` (per bucket): the wide tile on warpgroup
+  faster at Mixtral T = 65..200 (before the tall tile took its calls from T = 160). ``wgmma`` (per bucket): the wide tile on warpgroup
   MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
   stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
   In plans for an arch with warpgroup MMA (WGMMA_ARCHS: sm_90a; the plan's arch is the
   runtime's GPU, or the spec's targets.cuda.arch), from the call whose average expert gets
-  TALL_SLOTS (64) slots (Mixtral T = 256) a last bucket of block TALL_BLOCK (128) takes the
+  TALL_SLOTS (64) slots, or TALL_SLOTS_FEW (40) with 8 experts or fewer (Mixtral T = 160), a
+  last bucket of block TALL_BLOCK (128) takes the
   tall tile (``tall`` per bucket): 4 column tiles, a warpgroup each, 4 stages of 128 k (the
   group where smaller), dynamic shared memory. Compiled without warpgroup MMA the same kernel
   is the wide CTA of that block (16 warps of 32 rows, 64 k a stage), slower than block 32
@@ -177,7 +178,16 @@ WIDE_SPLIT_FILL = 0.9
 #   (Mixtral 486 / 581); 32 slots Mixtral 467 / 455, DeepSeek 239 / 184, Qwen3 273 / 217.
 # 128 k a stage: 3% faster than 64 k at Mixtral T = 2048, 4% at 1024; 2 or 3 stages, 32 k a
 # stage, 2 column tiles a CTA (2 CTAs an SM) and 3 wgmmas in flight were slower.
+# With few experts (FEW_EXPERTS or fewer) the tall tile pays from TALL_SLOTS_FEW slots: measured
+# at the prefill split's wide CTA (4ef927d), the layer in us, tall against wide, at 40 / 50 / 60
+# slots: Mixtral (8 experts) T = 160 / 200 / 240 481-483 / 494-497 / 530-531 against
+# 495-496 / 518-520 / 619; H = 2048, I = 1408, 8 experts, T = 160 / 200 / 240 56.0 / 57.6 /
+# 61.5 against 65.9 / 67.3 / 69.4; with 16 experts (H = 4096, I = 6400, T = 320 / 400 / 480)
+# 466 / 481 / 508 against 453 / 485 / 546, and with 64 or 128 (DeepSeek, Qwen3) 4-12% slower
+# (docs/PERF.md, "Every example on the GPU again; ...").
 TALL_SLOTS = 64
+TALL_SLOTS_FEW = 40
+FEW_EXPERTS = 8
 TALL_TILE = {"col_tiles": 4, "warp_rows": 32, "block_k": 128, "stages": 4}
 # Architectures with warpgroup MMA: plans for them take the tall tile. Elsewhere its kernel is
 # the wide CTA of block 128 (16 warps, one CTA an SM), which on the H200 compiled for sm_90 was
@@ -240,11 +250,17 @@ def tall_fits(n: int) -> bool:
     return n % block_n == 0 and (n // block_n) % TALL_TILE["col_tiles"] == 0
 
 
+def tall_slots(experts: int) -> int:
+    """Slots an average expert gets from which prefill calls take the tall tile: TALL_SLOTS, or
+    TALL_SLOTS_FEW where the experts are FEW_EXPERTS or fewer."""
+    return TALL_SLOTS_FEW if experts <= FEW_EXPERTS else TALL_SLOTS
+
+
 def tall_edge(spec) -> int | None:
-    """The smallest call whose average expert gets TALL_SLOTS slots, where the tall tile fits
+    """The smallest call whose average expert gets tall_slots slots, where the tall tile fits
     both GEMMs and lies above the decode sizes."""
     m = spec.moe
-    edge = -(-TALL_SLOTS * m.num_experts // m.top_k)
+    edge = -(-tall_slots(m.num_experts) * m.num_experts // m.top_k)
     fits = tall_fits(2 * m.intermediate_size) and tall_fits(m.hidden_size)
     return edge if fits and DECODE_MAX_TOKENS < edge <= spec.tokens.max else None
 
@@ -273,7 +289,7 @@ def moe_buckets(spec, fixed: int | None, tall: bool = True) -> list[list[int]]:
     expert passes WIDE_DECODE_SLOTS slots, above which block 32: wide_decode_bucket), a
     bucket of block 8 up to the call whose average expert gets 8 slots where that lies above
     T = 64, then prefill up to tokens.max: block 32, and (`tall`) from the call whose average
-    expert gets TALL_SLOTS slots on, block TALL_BLOCK (the tall tile)."""
+    expert gets tall_slots slots on, block TALL_BLOCK (the tall tile)."""
     fixed = fixed or spec.moe.block_size
     m, top = spec.moe, spec.tokens.max
     tail = narrow_tail_edge(m.top_k, m.num_experts)
@@ -568,7 +584,8 @@ class TilePass(Pass):
                                    "mma.sync only",
                         choices=(0, 1), minimum=0),
         "tall": Option(int, None, "MoE prefill buckets: calls whose average expert gets "
-                                  f"{TALL_SLOTS} slots or more take the tall tile (blocks of "
+                                  f"{TALL_SLOTS} slots or more ({TALL_SLOTS_FEW} with "
+                                  f"{FEW_EXPERTS} experts or fewer) take the tall tile (blocks of "
                                   f"{TALL_BLOCK}) where the plan's arch has warpgroup MMA "
                                   f"({', '.join(WGMMA_ARCHS)}); 1: on any arch (elsewhere "
                                   f"the bucket runs the wide CTA of block {TALL_BLOCK}); 0: "
