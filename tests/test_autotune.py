@@ -555,15 +555,17 @@ def test_short_autotune_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_short_prefill_autotune_on_the_gpu(tmp_path):
-    """At a prefill size the sweep starts with the wide CTA (the default); whichever config
-    wins, its whole tile (block, column tiles, rows per warp, k per stage) reaches the plan."""
+    """At a prefill size below the tall tile's edge (37 slots an expert, of 8: the edge is 40)
+    the sweep starts with the wide CTA (the default); whichever config wins, its whole tile
+    (block, column tiles, rows per warp, k per stage) reaches the plan."""
     pytest.importorskip("cupy")
     db = at.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec({"name": "prefill-small", "pipeline": "moe_w4a16",
                              "moe": {"hidden_size": 256, "intermediate_size": 256,
                                      "num_experts": 8, "top_k": 2},
                              "tokens": {"max": 512}, "targets": {"cuda": {}}})
-    (r,) = at.autotune_moe(spec, [200], db, budget_s=60, reps=3)
+    assert at.config_space(spec, 150, "sm_90a")[0].col_tiles == 4
+    (r,) = at.autotune_moe(spec, [150], db, budget_s=60, reps=3)
     assert r["checked"]
     layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
                                                         at.Device.current()))
