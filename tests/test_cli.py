@@ -192,7 +192,8 @@ def test_inspect_launches_tabulates_the_launch_plan():
     assert "plan for sm_90a" in out
     assert re.search(r"T = 1 +8 +gate_up +K-split, 2 warps +1 +8 x 16 k +64 +PDL from T = 1; "
                      r"releases down after its K loop", out)
-    assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ", out)
+    assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ",
+                     out)
     assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "
                      r"+128, capped for 4 an SM +plain", out)
     assert re.search(r"T = 160\.\.8192 +128 +gate_up +tall tile +1 +4 x 128 k +512 +plain", out)

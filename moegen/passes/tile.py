@@ -56,9 +56,10 @@ MoE (`moe_w4a16`):
   the SMs short of a GEMM's CTA tiles (``prefill_fill``: Mixtral's down GEMM up to T = 159,
   10 blocks x 16 tiles), that GEMM splits over K as a decode bucket's wide CTA does (the split
   sized for the bucket's smallest call, doubled per call, registers capped): measured 4-23%
-  faster at Mixtral T = 65..200 (before the tall tile took its calls from T = 160). ``wgmma`` (per bucket): the wide tile on warpgroup
-  MMA where compiled for sm_90a (4 column tiles, warp_rows = block, 32 k a stage, 3 or more
-  stages; ``wgmma=0`` keeps mma.sync): 4-6% faster at T = 2048 on the three models.
+  faster at Mixtral T = 65..200 (before the tall tile took its calls from T = 160).
+  ``wgmma`` (per bucket): the wide tile on warpgroup MMA where compiled for sm_90a (4 column
+  tiles, warp_rows = block, 32 k a stage, 3 or more stages; ``wgmma=0`` keeps mma.sync): 4-6%
+  faster at T = 2048 on the three models.
   In plans for an arch with warpgroup MMA (WGMMA_ARCHS: sm_90a; the plan's arch is the
   runtime's GPU, or the spec's targets.cuda.arch), from the call whose average expert gets
   TALL_SLOTS (64) slots, or TALL_SLOTS_FEW (40) with 8 experts or fewer (Mixtral T = 160), a
