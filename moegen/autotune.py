@@ -296,9 +296,8 @@ def wide_split_configs(spec: Spec, tokens: int) -> list[MoeConfig]:
     while half the split's CTAs stay under those the SMs hold at the split CTA's register cap,
     over whole groups of K and (as a recorded entry is checked) the K-split CTA's warps; every
     pair of the two GEMMs' splits but the unsplit one."""
-    from .passes.tile import (GEMM_TILE, PREFILL_BLOCK, SM_COUNT, WIDE_TILE, call_blocks,
-                              fit_warps, splits_evenly, wide_col_tiles, wide_decode_ctas,
-                              wide_epilogue_fits)
+    from .passes.tile import (GEMM_TILE, PREFILL_BLOCK, WIDE_TILE, fit_warps, splits_evenly,
+                              wide_call_ctas, wide_epilogue_fits)
     m, g = spec.moe, spec.quant.group_size
     cols, block_k, rows, wg = WIDE_CHOICES[0]
     block = PREFILL_BLOCK
@@ -306,10 +305,7 @@ def wide_split_configs(spec: Spec, tokens: int) -> list[MoeConfig]:
         return []
 
     def splits(k: int, n: int) -> list[int]:
-        ntiles = n // GEMM_TILE["block_n"]
-        c = wide_col_tiles(ntiles, block, cols)
-        ctas = call_blocks(spec, tokens, block) * ntiles // c
-        room = wide_decode_ctas(c * block // rows) * SM_COUNT
+        ctas, room = wide_call_ctas(spec, tokens, block, n // GEMM_TILE["block_n"], cols, rows)
         return [1] + [s for s in (2, 4, 8) if ctas * s // 2 < room and (k // g) % s == 0
                       and splits_evenly(k, s, fit_warps(k, GEMM_TILE["warps"]), block_k)]
     return [MoeConfig(block, up, WIDE_TILE["stages"], down, block_k, GEMM_TILE["warps"], cols,
@@ -555,6 +551,11 @@ def keep_default_unless_faster(best: tuple, default: MoeConfig, default_us: floa
     return best if beats_default(best[0], default_us) else (default_us, default)
 
 
+def config_text(config: dict) -> str:
+    """A recorded config as people read it: key=value, ..."""
+    return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
 def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str:
     """What a sweep would time, without a GPU: per token count (MSD: for the spec's M) each
     candidate's pass pipeline (MoE: as `moegen bench --pass-pipeline` takes it), the default
@@ -563,7 +564,7 @@ def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str
         default = msd_default_config(spec)
         space = msd_config_space(spec)
         lines = [f"M = {spec.msd.m}: {len(space)} candidates, each timed in both schedules "
-                 f"(default: {', '.join(f'{k}={v}' for k, v in default.items())})"]
+                 f"(default: {config_text(default)})"]
         lines += [f"  {c.pipeline()}" + ("  <- the default" if c.as_dict(
                       default.get("schedule")) == default else "") for c in space]
         return "\n".join(lines)
@@ -575,7 +576,7 @@ def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str
         default = default_config(spec, t, arch)
         space = config_space(spec, t, arch)
         lines.append(f"T = {t}: {len(space)} candidates, then the default "
-                     f"({', '.join(f'{k}={v}' for k, v in default.as_dict().items())})")
+                     f"({config_text(default.as_dict())})")
         lines += [f"  {c.pipeline()}" + ("  <- builds the default's kernels"
                                          if same_tile(c, default) else "") for c in space]
     return "\n".join(lines)
@@ -587,7 +588,7 @@ def results_table(results: list[dict], what: str = "T") -> str:
     head = f"{what:>6}  {'recorded config':<72} {'us':>8} {'default us':>10} {'speed-up':>8}"
     rows = [head, "-" * len(head)]
     for r in results:
-        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        cfg = config_text(r["config"])
         rows.append(f"{r['tokens']:>6}  {cfg:<72} {r['time_us']:>8.1f} {r['default_us']:>10.1f} "
                     f"{r['default_us'] / r['time_us']:>7.2f}x")
     return "\n".join(rows)

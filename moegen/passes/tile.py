@@ -329,14 +329,22 @@ def call_blocks(spec, tokens: int, block: int) -> int:
     return max(min(spec.moe.num_experts, slots), -(-slots // block))
 
 
+def wide_call_ctas(spec, tokens: int, block: int, ntiles: int, cols: int,
+                   rows: int) -> tuple[int, int]:
+    """(CTAs, room): a GEMM's wide CTAs (of `cols` column tiles of its `ntiles`, `rows` rows a
+    warp) in a call of `tokens` tokens, unsplit, and the CTAs the SMs hold at the split wide
+    CTA's register cap (the wide decode CTA's CTAs an SM on every SM)."""
+    ctas = call_blocks(spec, tokens, block) * ntiles // wide_col_tiles(ntiles, block, cols)
+    return ctas, wide_decode_ctas(cols * block // rows) * SM_COUNT
+
+
 def prefill_short(spec, tokens: int, block: int, ntiles: int, cols: int, rows: int) -> bool:
-    """Whether a call of `tokens` tokens leaves the SMs short of a GEMM's wide CTAs (of `cols`
-    column tiles of its `ntiles`, `rows` rows a warp): fewer than the wide decode CTA's CTAs an
-    SM on every SM, unsplit."""
+    """Whether a call of `tokens` tokens leaves the SMs short of a GEMM's wide CTAs: fewer
+    unsplit than the SMs hold at the split CTA's register cap (wide_call_ctas)."""
     if block not in WIDE_BLOCKS:
         return False
-    ctas = call_blocks(spec, tokens, block) * ntiles // wide_col_tiles(ntiles, block, cols)
-    return ctas < wide_decode_ctas(cols * block // rows) * SM_COUNT
+    ctas, room = wide_call_ctas(spec, tokens, block, ntiles, cols, rows)
+    return ctas < room
 
 
 def bucket_floor(buckets: list[list[int]], index: int) -> int:
@@ -680,6 +688,8 @@ class TilePass(Pass):
     # a tuning entry's bucket: the option whose values each field after the edge must take
     ENTRY_FIELDS = ("moe-block", "split-k", "stages", "split-k-down", "block-k", "warps",
                     "wide-cols", "warp-rows", "wgmma")
+    # the fields a tall bucket's tile sets itself, whatever the entry says
+    TALL_OWN = ("block-k", "warps", "wide-cols", "warp-rows", "wgmma")
 
     def _check_entry(self, spec, tuned_buckets: list, routing_block: int) -> None:
         """A tuning entry (a database file, maybe edited by hand) takes the values the options
@@ -691,32 +701,27 @@ class TilePass(Pass):
             if not (type(b[0]) is int and b[0] > edge):
                 raise PipelineError(f"{where}: bucket ends must be integers that ascend")
             edge = b[0]
-            # (wide_decode, last, is 0 or 1 as wgmma; a tall bucket's k a stage, warps, columns
-            # and rows are the tall tile's own, whatever the entry says)
-            fields = [(option, name, value) for option, name, value in zip(
-                self.ENTRY_FIELDS + ("wgmma",), self.ENTRY_FIELDS + ("wide_decode",), b[1:])
-                if b[1] != TALL_BLOCK or option in ("moe-block", "split-k", "stages",
-                                                    "split-k-down")]
-            self._check_entry_values(where, [(o, v) for o, _, v in fields],
-                                     [n for _, n, _ in fields])
+            # (wide_decode, last, takes wgmma's values: 0 or 1)
+            for option, name, value in zip(self.ENTRY_FIELDS + ("wgmma",),
+                                           self.ENTRY_FIELDS + ("wide_decode",), b[1:]):
+                if not (b[1] == TALL_BLOCK and option in self.TALL_OWN):
+                    self._check_entry_value(where, option, value, name)
             if b[1] > routing_block or spec.moe.block_size not in (None, b[1]):
                 rule = (f"the spec's moe.block_size, {spec.moe.block_size}"
                         if spec.moe.block_size else f"at most {routing_block}, as the routing "
                         f"buffers allow")
                 raise PipelineError(f"{where} has moe-block {b[1]}: must be {rule}")
 
-    def _check_entry_values(self, where: str, values, names=None) -> None:
-        """Each (option, value) of a tuning entry takes a value the option takes; `names`: how
-        the error calls them, where not by the option's name."""
-        for i, (option, value) in enumerate(values):
-            opt = self.OPTIONS[option]
-            if type(value) is not opt.type or (      # (an int, not a bool: JSON true)
-                    value not in opt.choices if opt.choices
-                    else opt.type is int and value < opt.minimum):
-                rule = (f"one of {', '.join(map(str, opt.choices))}" if opt.choices
-                        else f"an integer >= {opt.minimum}")
-                name = names[i] if names else option
-                raise PipelineError(f"{where} has {name} {value!r}: must be {rule}")
+    def _check_entry_value(self, where: str, option: str, value, name: str | None = None) -> None:
+        """A tuning entry's value takes a value of `option` (the error calls it `name`, where
+        not by the option's name)."""
+        opt = self.OPTIONS[option]
+        if type(value) is not opt.type or (      # (an int, not a bool: JSON true)
+                value not in opt.choices if opt.choices
+                else opt.type is int and value < opt.minimum):
+            rule = (f"one of {', '.join(map(str, opt.choices))}" if opt.choices
+                    else f"an integer >= {opt.minimum}")
+            raise PipelineError(f"{where} has {name or option} {value!r}: must be {rule}")
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
@@ -930,9 +935,9 @@ class TilePass(Pass):
     def _msd(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
         loop = module.function().op("msd.group_loop")
-        self._check_entry_values("tuning entry", [(key.replace("_", "-"), value)
-                                                  for key, value in tuned.items()
-                                                  if key != "schedule"])
+        for key, value in tuned.items():
+            if key != "schedule":
+                self._check_entry_value("tuning entry", key.replace("_", "-"), value)
         if ctx.target == "ascend":
             a = spec.targets.ascend
             cores = a.aic_cores if a else 24

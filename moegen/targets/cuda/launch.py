@@ -74,10 +74,15 @@ def _driver_entry():
     return _launch_kernel_ex or None
 
 
+def arch_has_pdl(arch: str) -> bool:
+    """Whether GPUs of `arch` launch with PDL (sm_90 and later)."""
+    return int(arch.removeprefix("sm_").rstrip("a")) >= 90
+
+
 def supported(arch: str) -> bool:
     """Whether this process can launch with PDL for `arch` (sm_90 or later, a driver with
     cuLaunchKernelEx)."""
-    return int(arch.removeprefix("sm_").rstrip("a")) >= 90 and _driver_entry() is not None
+    return arch_has_pdl(arch) and _driver_entry() is not None
 
 
 def kernel_argument(value):

@@ -3,6 +3,7 @@ token bucket runs, with its CTA, K split, copy ring, threads and launch."""
 from __future__ import annotations
 
 from ...passes.tile import WGMMA_ARCHS
+from .launch import arch_has_pdl
 
 
 def _cta(v: dict, arch: str) -> str:
@@ -23,7 +24,7 @@ def _split(v: dict) -> str:
 
 
 def _launch(v: dict, arch: str) -> str:
-    if v["follows_from"] is None or int(arch[3:5]) < 90:     # PDL: sm_90 and later
+    if v["follows_from"] is None or not arch_has_pdl(arch):
         return "plain"
     return (f"PDL from T = {v['follows_from']}"
             + ("; releases down after its K loop" if v["release_after_loop"] else ""))
