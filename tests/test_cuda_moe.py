@@ -162,6 +162,32 @@ def test_a_spec_of_one_token(rng):
             assert rel_err(got, want) <= 2e-3, (h, i, e, k, use_router)
 
 
+
+MANY = [(256, 128, 512, 8), (512, 256, 256, 6)]
+
+
+@pytest.mark.parametrize("h,i,e,k", MANY, ids=[f"e{s[2]}-k{s[3]}" for s in MANY])
+def test_hundreds_of_experts(rng, h, i, e, k):
+    """Up to the spec's limit of 512 experts: the router's top-k over every logit (ties and
+    -inf included, both routers), align's counts and offsets over every expert where most get
+    no slot (decode) or a few (prefill), and a graph replay that routes every token to the
+    same k experts; each against the reference."""
+    spec = moe_spec(h, i, e, k, tokens_max=2048)
+    layer = layer_for(spec)
+    assert_matches_reference(rng, layer, (1, 3, 16, 17, 64, 333, 2048))
+    logits = rng.standard_normal((40, e)).astype(np.float32)
+    logits[3, :] = 0.0                     # ties everywhere: the lowest expert ids
+    logits[4, e - k:] = 50.0               # the last k experts
+    logits[5, k + 1:] = -np.inf            # all but k + 1 experts ruled out
+    want_ids, want_w = R.topk_softmax(logits, k, layer.spec.moe.renormalize)
+    for router in ("redux", "shuffle"):
+        by = layer_for(spec, pipeline=f"fuse-align,fuse-swiglu,tile{{router={router}}},alloc")
+        ids, w = (cp.asnumpy(a) for a in by.route(cp.asarray(logits)))
+        assert np.array_equal(ids, want_ids), router
+        assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6), router
+    host_w = moe_weights(rng, e, h, i, 128)
+    assert_graph_replays(rng, layer, host_w, layer.pack(*host_w), t=64, pushes=(0.0, 30.0))
+
 BLOCK_K32 = "fuse-align,fuse-swiglu,tile{block-k=32},alloc"
 
 
@@ -464,6 +490,7 @@ def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
 
     def call(x, logits, limit):
         layer.route_align_max_tokens = limit
+        layer.gemm_route = False                      # T = 1 through the align buffers too
         try:
             for name in ALIGNED:                      # poison what align writes
                 b = layer.plan["workspace"]["buffers"][name]
@@ -472,6 +499,7 @@ def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
             y = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
         finally:
             layer.route_align_max_tokens = most
+            layer.gemm_route = layer.plan["gemm_route"]
         t = x.shape[0]
         total = int(cp.asnumpy(layer._view(cp, "num_tokens_post_padded", cp.int32, 1))[0])
         block = next(b for edge, b in layer.plan["buckets"] if t <= edge)
@@ -537,6 +565,49 @@ def test_fused_topk_sum_in_a_graph(rng):
     layer = layer_for(moe_spec(1024, 512, 60, 6), pipeline=FUSED_SUM.format(split=""))
     host_w = moe_weights(rng, 60, 1024, 512, 128)
     assert_graph_replays(rng, layer, host_w, layer.pack(*host_w), t=9)
+
+
+DEFAULT_TILE = "fuse-align,fuse-swiglu,tile{split},alloc"
+
+
+@pytest.mark.parametrize("shape,pipeline", [
+    ((1024, 512, 8, 2), DEFAULT_TILE), ((2048, 768, 128, 8), DEFAULT_TILE),
+    ((4096, 1408, 64, 1), DEFAULT_TILE), ((1024, 512, 60, 6), FUSED_SUM)])
+def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
+    """T = 1 with router logits: no router or align launch, every CTA of both GEMMs routes the
+    token into shared memory. The align buffers are poisoned first, so a GEMM that read its
+    routing from them would go wrong. The output is the align kernel's path bit for bit (with
+    and without programmatic dependent launch; the single-token bucket of the first shape, the
+    first decode bucket of the others, the fused top-k sum), the reference's, and replays in a
+    graph; with the routing given, the same kernels take it from align."""
+    h, i, e, k = shape
+    spec = moe_spec(h, i, e, k)
+    layer = layer_for(spec, pipeline=pipeline.format(split=""))
+    plain = layer_for(spec, pipeline=pipeline.format(split=""), pdl=False)
+    apart = layer_for(spec, pipeline=pipeline.format(split="{route-in-gemm=0}"))
+    assert layer.gemm_route and not apart.gemm_route
+    assert all(g["variants"][0]["routes_one_token"] for g in layer.gemms)
+    host_w = moe_weights(rng, e, h, i, 128)
+    packed = layer.pack(*host_w)
+    for _ in range(3):
+        x = rng.standard_normal((1, h)).astype(np.float16)
+        logits = rng.standard_normal((1, e)).astype(np.float32)
+        outs = []
+        for lay in (layer, plain, apart):
+            for name in ALIGNED:
+                b = lay.plan["workspace"]["buffers"][name]
+                lay.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
+            lay.out.fill(POISON)
+            outs.append(cp.asnumpy(lay(cp.asarray(x), cp.asarray(logits), packed)))
+        ids, w = R.topk_softmax(logits, k, True)
+        want = R.moe_w4a16(x, ids, w, *host_w, group_size=128)
+        assert rel_err(outs[0], want) <= 2e-3
+        bits = [o.view(np.uint16) for o in outs]
+        assert np.array_equal(bits[0], bits[1]) and np.array_equal(bits[0], bits[2])
+        layer.out.fill(POISON)
+        given = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
+        assert rel_err(cp.asnumpy(given), want) <= 2e-3
+    assert_graph_replays(rng, layer, host_w, packed, t=1, pushes=(0.0, 30.0))
 
 
 def test_bitwise_deterministic(rng):

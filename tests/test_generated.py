@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import moegen
+from moegen.passes.manager import PipelineError
 from moegen.targets.compile import emit
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from conftest import ROOT
@@ -255,8 +256,9 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     (griddepcontrol.launch_dependents); the down GEMM's K-split kernels copy weights (the
     L2-hinted copies; where they stage scales, the .ca copies too) before griddepcontrol.wait and
     no activation rows (the plain .cg copies) before it; gate/up's wait before they read or
-    copy anything, and release the down GEMM only after the wait. sm_80 has neither
-    instruction."""
+    copy anything (but the router logits, fp32, that a kernel routing one token reads in the
+    calls that launch it plainly), and release the down GEMM only after the wait. sm_80 has
+    neither instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
@@ -264,6 +266,8 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     follows = {k["name"] for k in plan["kernels"] if "launch" in k}
     k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
     gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
+    routing = {v["kernel"] for v in plan["gemms"][0]["variants"] if v["routes_one_token"]}
+    assert routing
     releases = k_split | {"moe_align", "moe_route_align"}
     for arch in ("sm_90a", "sm_80"):
         ptx_path = tmp_path / f"{arch}.ptx"
@@ -279,7 +283,8 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
             assert ("griddepcontrol.wait" in body) == (name in follows), name
             if name in follows and name in gate_up:
                 before = body[:body.index("griddepcontrol.wait")]
-                assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
+                logits = r"(?!\.f32)" if name in routing else ""
+                assert not re.search(rf"\bld\.(global{logits}|shared)|cp\.async", before), name
                 assert body.index("griddepcontrol.launch_dependents") > len(before), name
             elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
@@ -349,7 +354,8 @@ def test_fused_topk_sum_plan():
     assert ws["sum_counters"]["offset"] + 4 * down["ntiles"] <= ws["bytes"]
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
-        assert sig.rstrip().endswith("half* sum_out, int* sum_counters"), v["kernel"]
+        sig = sig.rstrip().removesuffix(",\n    const float* one_token_logits")  # (T = 1's)
+        assert sig.endswith("half* sum_out, int* sum_counters"), v["kernel"]
         # every call sums 2 top-k rows and multiplies the routing weights; the K-split one
         # follows gate/up under PDL; the wide ones, split over K, take the grid's split (the
         # warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with the same
@@ -412,6 +418,48 @@ def test_no_fused_route_align_when_turned_off():
     assert "moe_route_align" not in files["qwen3-30b-a3b.cu"]
     assert "moe_route_align" not in [k["name"] for k in plan["kernels"]]
     assert plan["router"] == "redux"
+
+
+def _kernel_params(source: str, name: str) -> str:
+    """The parameter list of kernel `name` in a generated source."""
+    return re.search(rf"\n{name}\(([^)]*)\)", source).group(1)
+
+
+def test_one_token_routed_in_the_gemms_plan():
+    """route-in-gemm (the default up to top-k 32): the kernels of the first bucket of both GEMMs
+    take the router logits as their last argument and route one token themselves (Mixtral: the
+    single-token bucket's kernels; Qwen3: the kernels its T <= 16 bucket shares with others);
+    the route/align kernel serves T = 2 on. Off where asked, where top-k passes a warp's lanes
+    (asked for there: an error), and where the first bucket runs no K-split CTA."""
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
+        plan = json.loads((GENERATED / "cuda" / name / f"{name}.launch.json").read_text())
+        source = (GENERATED / "cuda" / name / f"{name}.cu").read_text()
+        assert plan["gemm_route"]
+        kernels = {k["name"]: k for k in plan["kernels"]}
+        assert kernels["moe_route_align"]["when"] == "router logits given, T = 2..16"
+        for g in plan["gemms"]:
+            first = g["variants"][0]["kernel"]
+            for v in g["variants"]:
+                routes = v["kernel"] == first
+                assert v["routes_one_token"] == routes
+                assert ("routes" in kernels[v["kernel"]]) == routes
+                params = _kernel_params(source, v["kernel"])
+                assert params.rstrip().endswith("const float* one_token_logits") == routes
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    for pipeline in ("fuse-align,fuse-swiglu,tile{route-in-gemm=0},alloc",
+                     "fuse-align,fuse-swiglu,tile{moe-block=128},alloc"):
+        files = emit(spec, "cuda", pipeline)
+        plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+        assert not plan["gemm_route"] and "one_token_logits" not in files["qwen3-30b-a3b.cu"]
+        assert not any(v["routes_one_token"] for g in plan["gemms"] for v in g["variants"])
+        assert plan["kernels"][0]["when"] == "router logits given, T = 1..16"
+    wide = moegen.load_spec({"name": "k40", "pipeline": "moe_w4a16", "targets": {"cuda": {}},
+                             "moe": {"hidden_size": 256, "intermediate_size": 128,
+                                     "num_experts": 64, "top_k": 40}})
+    plan = json.loads(emit(wide, "cuda")["k40.launch.json"])
+    assert not plan["gemm_route"]
+    with pytest.raises(PipelineError, match=r"route-in-gemm=1.*top_k 40 must be <= 32"):
+        emit(wide, "cuda", "fuse-align,fuse-swiglu,tile{route-in-gemm=1},alloc")
 
 
 def test_named_template_arguments_match_the_header():

@@ -79,7 +79,11 @@ MoE (`moe_w4a16`):
   decode call) or shuffle (``router=shuffle``: five shuffle rounds of value and id per pick;
   the same ids and weights); ``align_tokens``: calls of up to that many
   tokens are routed inside the align kernel's CTA, one token per warp of it (16) by default,
-  ``route-align-tokens=N`` up to 64 tokens and 512 slots, 0 never.
+  ``route-align-tokens=N`` up to 64 tokens and 512 slots, 0 never; ``gemm_route``: a call of
+  one token with router logits is routed inside every CTA of both GEMMs instead, with no router
+  or align launch (up to top-k GEMM_ROUTE_MAX_TOPK; ``route-in-gemm=0`` never; measured on the
+  H200, T = 1 2.0-3.3 us faster on the three example models). Its shared memory
+  (one_token_routing_bytes) comes off the first bucket's rings.
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -137,6 +141,9 @@ MSD_BLOCK_N = (16, 32, 64, 128, 256)
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
+# A call of one token with router logits is routed inside every CTA of both GEMMs (route-in-gemm),
+# a lane a top-k slot: top_k up to a warp's lanes
+GEMM_ROUTE_MAX_TOPK = 32
 MSD_CTAS_PER_SM = 3         # MSD split-K target (the sweep's best at M = 1, 4, 16 of the seed shape)
 SM_SHARED_BYTES = 228 * 1024   # shared memory of an SM on sm_90 ...
 CTA_RESERVED_SHARED = 1024     # ... of which each resident CTA takes this much besides its own
@@ -451,12 +458,20 @@ def tall_shared_bytes(block: int, stages: int, block_k: int) -> int:
     return max(tall, wide)
 
 
-def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
+def one_token_routing_bytes(top_k: int, block: int) -> int:
+    """Static shared memory of one token's routing in a GEMM CTA (OneTokenRouting in the
+    template): sorted ids and weights of top_k blocks, their experts, the padded total, in whole
+    KB aligned to a KB (so another KB at most in front of it)."""
+    return align_up(8 * top_k * block + 4 * top_k + 4, 1024) + 1024
+
+
+def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: int = 0) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, the block's rows padded to a
     multiple of 8 and room for a group's scales) would pass its static shared memory; from 4
     up, rounded down to a power of two (a ring of 3 keeps its third stage: not measured
-    against 2). The K
+    against 2); `reserved` bytes of the CTA's shared memory are not the rings' (one token's
+    routing). The K
     loop is unrolled over whole scale groups and, where the ring's turn is a multiple of them,
     whole turns of the ring, so that every ring offset is a constant: with 5, 6, 7 or 12 stages
     it is not (Mixtral's gate/up at T = 1: 55 SASS instructions a k16 step at 8 stages, 86 at 6,
@@ -465,7 +480,7 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16) -> int:
     decode blocks for 8 CTAs per SM, 64 registers and 4 stages, was 10-30% slower.)"""
     ks = block_k // 16
     stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD) + SCALE_BYTES
-    fits = max(2, min(most, (SHARED_PER_CTA - 64) // (warps * stage)))
+    fits = max(2, min(most, (SHARED_PER_CTA - 64 - reserved) // (warps * stage)))
     return fits if fits < 4 else 1 << (fits.bit_length() - 1)
 
 
@@ -617,6 +632,11 @@ class TilePass(Pass):
                          choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
                                                 "align kernel (0: never)", minimum=0),
+        "route-in-gemm": Option(int, None, "MoE: 1 (the default where top_k <= "
+                                           f"{GEMM_ROUTE_MAX_TOPK}) routes a call of one token "
+                                           "with router logits inside every CTA of both GEMMs, "
+                                           "with no router or align launch; 0 never",
+                                choices=(0, 1), minimum=0),
     }
 
     def apply(self, module: Module, ctx: Context) -> None:
@@ -672,6 +692,7 @@ class TilePass(Pass):
             if op.NAME == "moe.topk_softmax":
                 op.attrs["router"] = self.option("router")
                 op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
+                op.attrs["gemm_route"] = self._gemm_route(spec.moe.top_k)
             if op.NAME == "moe.grouped_gemm_w4a16":
                 for name in ("mma", "vec-warps", "cube-warps"):
                     if self.option(name) is not None:
@@ -737,6 +758,16 @@ class TilePass(Pass):
                                 f"slots of top-k {top_k})")
         return n
 
+    def _gemm_route(self, top_k: int) -> bool:
+        """Whether a call of one token with router logits is routed inside the GEMMs' CTAs
+        (the first bucket's kernels, where they are K-split CTAs: the emitter): by default
+        where top_k fits a warp's lanes."""
+        asked = self.option("route-in-gemm")
+        if asked and top_k > GEMM_ROUTE_MAX_TOPK:
+            raise PipelineError(f"tile{{route-in-gemm=1}}: top_k {top_k} must be <= "
+                                f"{GEMM_ROUTE_MAX_TOPK} (a lane of one warp routes each slot)")
+        return top_k <= GEMM_ROUTE_MAX_TOPK if asked is None else bool(asked)
+
     def _pick(self, option: str, b: list | None, index: int, default):
         """The option's value, else a tuning entry bucket's at `index` (where it has one), else
         the default."""
@@ -775,8 +806,11 @@ class TilePass(Pass):
                                   down) for edge, _ in buckets]
         asked = [self.option(name) for name in names]
         most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
-        stages = [gemm_stages(block, w, m, bk)
-                  for (_, block), m, w, bk in zip(buckets, most, warps, block_k)]
+        # (the first bucket's K-split CTA may hold one token's routing besides its rings)
+        routed = one_token_routing_bytes(spec.moe.top_k, buckets[0][1]) \
+            if self._gemm_route(spec.moe.top_k) else 0
+        stages = [gemm_stages(block, w, m, bk, routed if i == 0 else 0)
+                  for i, ((_, block), m, w, bk) in enumerate(zip(buckets, most, warps, block_k))]
         if tuned_buckets:
             splits = [b[4] if down and len(b) > 4 else b[2] for b in tuned_buckets]
         else:

@@ -284,6 +284,54 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 }
 
 // ---------------------------------------------------------------------------------------------
+// One token routed inside a GEMM CTA. A call of one token with router logits launches no router
+// or align kernel: every CTA of both GEMMs routes the token itself (one warp, the router's
+// route_logits: the same experts and weights) into shared memory, laid out as align lays out
+// one token: its experts in ascending order are its TOPK blocks, block b holding the slot of the
+// b-th smallest expert in its first row and padding (the sentinel TOPK, weight 0) after it.
+// Whole KB of shared memory, so that the GEMM's copy rings beside it keep their alignment
+// (measured on the H200: with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
+template <int BLOCK>
+struct alignas(1024) OneTokenRouting {
+  int sorted_ids[TOPK * BLOCK];
+  int expert_ids[TOPK];
+  float weights_flat[TOPK * BLOCK];
+  int total;
+};
+
+template <int BLOCK>
+__device__ __forceinline__ void route_one_token(const float* __restrict__ logits,
+                                                OneTokenRouting<BLOCK>& r) {
+  static_assert(TOPK <= 32, "a lane routes each slot");
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float v[PER_LANE];
+    load_logits(logits, 0, lane, v);
+    int id[TOPK];
+    float w[TOPK];
+    route_logits(v, lane, id, w);
+    for (int x = lane; x < TOPK * BLOCK; x += 32) {
+      r.sorted_ids[x] = TOPK;
+      r.weights_flat[x] = 0.0f;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < TOPK; ++j) {       // lane j writes slot j into its expert's block
+      int b = 0;                           // (the router picks TOPK distinct experts)
+#pragma unroll
+      for (int i = 0; i < TOPK; ++i) b += id[i] < id[j] ? 1 : 0;
+      if (lane == j) {
+        r.expert_ids[b] = id[j];
+        r.sorted_ids[b * BLOCK] = j;
+        r.weights_flat[b * BLOCK] = w[j];
+      }
+    }
+    if (lane == 0) r.total = TOPK * BLOCK;
+  }
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMMs (the mainloops are moegen::grouped_gemm, the K-split CTA, and
 // moegen::grouped_gemm_wide, the wide CTA of prefill buckets, or grouped_gemm_wgmma, the same
 // tile on warpgroup MMA, in moegen_w4a16.cuh). Every GEMM kernel takes the same arguments (the
@@ -295,7 +343,18 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_gate_up_b8_s1_p8(
     const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters) {
+    float* partials, int* counters,
+    const float* one_token_logits) {
+  // one_token_logits (a call of one token, launched plainly or after gate/up, not after align):
+  // this CTA routes the token itself, and the GEMM reads the routing from shared memory
+  __shared__ OneTokenRouting<8> one;
+  if (one_token_logits != nullptr) {
+    route_one_token(one_token_logits, one);
+    sorted_ids = one.sorted_ids;
+    expert_ids = one.expert_ids;
+    weights_flat = one.weights_flat;
+    total = &one.total;
+  }
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
@@ -357,7 +416,18 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_gemm_down_b8_s1_p8(
     const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters) {
+    float* partials, int* counters,
+    const float* one_token_logits) {
+  // one_token_logits (a call of one token, launched plainly or after gate/up, not after align):
+  // this CTA routes the token itself, and the GEMM reads the routing from shared memory
+  __shared__ OneTokenRouting<8> one;
+  if (one_token_logits != nullptr) {
+    route_one_token(one_token_logits, one);
+    sorted_ids = one.sorted_ids;
+    expert_ids = one.expert_ids;
+    weights_flat = one.weights_flat;
+    total = &one.total;
+  }
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,

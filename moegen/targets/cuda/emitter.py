@@ -179,6 +179,14 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
+    # a call of one token with router logits is routed inside every CTA of both GEMMs where
+    # the tile pass asks for it and their first bucket runs the K-split CTA: the kernels of
+    # that bucket take the logits (or a null pointer) as their last argument
+    gemm_route = bool(router.attr("gemm_route")) and all(g.variants[0]["col_tiles"] == 1
+                                                         for g in gemms)
+    for g in gemms:
+        for v in g.variants:
+            v["routes_one_token"] = gemm_route and v["kernel"] == g.variants[0]["kernel"]
     fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
     summed = gemms[1].sum_topk > 0
     # buckets that share a block and split share a kernel: define each kernel once
@@ -191,10 +199,12 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                     renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
                     gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
-                    ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"))
+                    ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
+                    gemm_route=gemm_route)
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
     workspace = _workspace(spec, module, gemms, summed)
+    first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
     buckets = gemms[0].variants
     plan = {
         "moegen": __version__, "spec": spec.name, "spec_hash": spec.hash, "passes": pipeline,
@@ -205,20 +215,26 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         "buckets": [[v["max_tokens"], v["block"]] for v in buckets],
         "kernels": [
             *([{"name": "moe_route_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
-                "when": f"router logits given, T <= {fused_tokens}"}] if fused_tokens else []),
+                "when": (f"router logits given, T = {first}..{fused_tokens}"
+                         if fused_tokens >= first else "never: T = 1 is routed in the GEMMs")}]
+              if fused_tokens else []),
             {"name": "moe_router_topk", "grid": ["ceil(T / %d)" % ROUTER_WARPS, 1, 1],
              "block": ROUTER_WARPS * 32,
-             "when": f"router logits given, T > {fused_tokens}" if fused_tokens else
-                     "router logits given"},
+             "when": f"router logits given, T >= {max(first, fused_tokens + 1)}"},
             {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
-             "when": f"routing given, or T > {fused_tokens}" if fused_tokens else "always"},
+             "when": f"routing given, or T >= {max(first, fused_tokens + 1)}"},
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles // v["col_tiles"],
                         v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
                **({"shared_bytes": v["shared_bytes"]} if v["shared_bytes"] else {}),
-               **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"}
-                  if v["follows_from"] is not None else {})}
+               **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"
+                            + ("; plainly where it routes one token itself"
+                               if v["routes_one_token"] and g.name == "gate_up"
+                               and v["follows_from"] == 1 else "")}
+                  if v["follows_from"] is not None else {}),
+               **({"routes": "T = 1 with router logits: each CTA routes the token"}
+                  if v["routes_one_token"] else {})}
               for g in gemms for v in g.variants],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),
@@ -227,6 +243,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
         ],
         "router": router.attr("router"),
         "route_align_max_tokens": fused_tokens,
+        "gemm_route": gemm_route,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": workspace,

@@ -18,7 +18,7 @@ from ...passes.tile import SHARED_PER_CTA
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import launch_after_previous, supported as pdl_supported
+from .launch import NULL_POINTER, launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -207,6 +207,7 @@ class MoeW4A16:
         self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
         self.gemms = self.plan["gemms"]
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
+        self.gemm_route = self.plan["gemm_route"]    # T = 1 with logits: routed in the GEMMs
         self.pdl = pdl and pdl_supported(self.arch)
 
     # --- workspace views --------------------------------------------------------------------
@@ -293,7 +294,12 @@ class MoeW4A16:
             aligned = (sorted_ids, expert_ids, wflat, total)
             if logits is not None and (topk_ids is not None or topk_weights is not None):
                 raise ValueError("give router logits or topk_ids/topk_weights, not both")
-            if logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
+            # one token with router logits: every CTA of both GEMMs routes it (no launch here)
+            in_gemm = logits is not None and t == 1 and self.gemm_route
+            if in_gemm:
+                one_token = (as_device(cp, logits, "router_logits", np.float32,
+                                       (t, m.num_experts)),)
+            elif logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
                 la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
                 self.kernels["moe_route_align"]((1,), (self.threads["moe_route_align"],),
                                                 (la, np.int32(t), np.int32(block), *aligned))
@@ -319,8 +325,13 @@ class MoeW4A16:
                 summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
                 grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
                 args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
-                        partials, counters, *summed)
-                if v["follows_from"] is not None and self.pdl and t >= v["follows_from"]:
+                        partials, counters, *summed,
+                        *((one_token if in_gemm else (NULL_POINTER,))
+                          if v["routes_one_token"] else ()))
+                # (routed in the GEMMs, gate/up is the call's first launch: plain, as it reads
+                # the logits before anything could wait for the kernel before it)
+                if (v["follows_from"] is not None and self.pdl and t >= v["follows_from"]
+                        and not (in_gemm and g["name"] == "gate_up")):
                     launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
                                           stream)
                 else:
