@@ -460,6 +460,11 @@ def test_one_token_routed_in_the_gemms_plan():
     assert not plan["gemm_route"]
     with pytest.raises(PipelineError, match=r"route-in-gemm=1.*top_k 40 must be <= 32"):
         emit(wide, "cuda", "fuse-align,fuse-swiglu,tile{route-in-gemm=1},alloc")
+    with pytest.raises(PipelineError, match=r"route-in-gemm=1.*the first bucket's GEMMs run the "
+                                            r"wide CTA or the tall tile"):
+        emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128,route-in-gemm=1},alloc")
+    ir = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")["ir/03-tile.mir"]
+    assert "gemm_route = false" in ir
 
 
 def test_named_template_arguments_match_the_header():

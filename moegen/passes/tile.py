@@ -706,6 +706,24 @@ class TilePass(Pass):
                 n = op.operands[1].type.shape[2].value
                 down = bool(op.attr("mul_topk_weights"))
                 op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, tuned_buckets)
+        self._first_bucket_routes(module)
+
+    def _first_bucket_routes(self, module: Module) -> None:
+        """One token is routed inside the GEMMs only where both run the K-split CTA in their
+        first bucket (the wide CTA and the tall tile take no routing of their own): off
+        elsewhere, and an error where route-in-gemm=1 asks for it."""
+        fn = module.function()
+        router = next((op for op in fn.walk() if op.NAME == "moe.topk_softmax"), None)
+        if router is None or not router.attr("gemm_route"):
+            return
+        if all(op.attrs["tile"]["col_tiles"][0] == 1 for op in fn.walk()
+               if op.NAME == "moe.grouped_gemm_w4a16"):
+            return
+        if self.option("route-in-gemm"):
+            raise PipelineError("tile{route-in-gemm=1}: the first bucket's GEMMs run the wide "
+                                "CTA or the tall tile, which do not route a token themselves "
+                                "(the K-split CTA does)")
+        router.attrs["gemm_route"] = False
 
     # a tuning entry's bucket: the option whose values each field after the edge must take
     ENTRY_FIELDS = ("moe-block", "split-k", "stages", "split-k-down", "block-k", "warps",

@@ -180,10 +180,12 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
     # a call of one token with router logits is routed inside every CTA of both GEMMs where
-    # the tile pass asks for it and their first bucket runs the K-split CTA: the kernels of
-    # that bucket take the logits (or a null pointer) as their last argument
-    gemm_route = bool(router.attr("gemm_route")) and all(g.variants[0]["col_tiles"] == 1
-                                                         for g in gemms)
+    # the tile pass says (their first bucket runs the K-split CTA): the kernels of that
+    # bucket take the logits (or a null pointer) as their last argument
+    gemm_route = bool(router.attr("gemm_route"))
+    if gemm_route and any(g.variants[0]["col_tiles"] > 1 for g in gemms):
+        raise ValueError("moe.topk_softmax has gemm_route, but a first bucket runs a wide CTA "
+                         "(the tile pass turns it off there)")
     for g in gemms:
         for v in g.variants:
             v["routes_one_token"] = gemm_route and v["kernel"] == g.variants[0]["kernel"]
