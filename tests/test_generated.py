@@ -498,3 +498,9 @@ def test_moe_sources_read_in_100_columns(name):
     columns (the MSD kernels keep one line per action of the schedule)."""
     source = (GENERATED / "cuda" / name / f"{name}.cu").read_text()
     assert max(map(len, source.splitlines())) <= 100
+
+
+def test_the_device_header_reads_in_100_columns():
+    """The device header the MoE and MSD kernels include: no line passes 100 columns."""
+    header = (ROOT / "templates" / "cuda" / "moegen_w4a16.cuh").read_text()
+    assert max(map(len, header.splitlines())) <= 100

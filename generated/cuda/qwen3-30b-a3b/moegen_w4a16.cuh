@@ -36,7 +36,8 @@ __device__ __forceinline__ unsigned lop3_or(unsigned a, unsigned mask, unsigned 
 }
 
 // One packed word holds 8 nibbles; returns four half2 registers:
-// out[0] = (n0, n4), out[1] = (n1, n5), out[2] = (n2, n6), out[3] = (n3, n7), each value q in [-8, 7].
+// out[0] = (n0, n4), out[1] = (n1, n5), out[2] = (n2, n6), out[3] = (n3, n7), each value q in
+// [-8, 7].
 __device__ __forceinline__ void dequant8(unsigned w, half2 out[4]) {
   const unsigned LO = 0x000f000f, HI = 0x00f000f0, EXP = 0x64006400;
   const unsigned SUB = 0x64086408;   // 1032.0 in both halves
@@ -64,7 +65,8 @@ __device__ __forceinline__ void scale_frag(half2 frag[4], half2 scales) {
 }
 
 // D = A (16x16 fp16, row) x B (16x8 fp16, col) + C, fp32 accumulate.
-__device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsigned b0,
+                                          unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -73,7 +75,8 @@ __device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsig
 }
 
 // D = A (16x64 int4, row) x B (64x8 unsigned int4, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_s4u4_16864(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_s4u4_16864(int c[4], const unsigned a[4], unsigned b0,
+                                               unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k64.row.col.s32.s4.u4.s32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -100,7 +103,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // address arithmetic from tid.x inside a main loop (about ten instructions a copy, in loops
 // bound by instruction issue); it does not recompute a shuffle's result. Every lane of the
 // warp must call it.
-__device__ __forceinline__ unsigned pinned(unsigned v) { return __shfl_xor_sync(0xffffffffu, v, 0); }
+__device__ __forceinline__ unsigned pinned(unsigned v) {
+  return __shfl_xor_sync(0xffffffffu, v, 0);
+}
 
 template <typename T>
 __device__ __forceinline__ const T* pinned(const T* p) {
@@ -159,7 +164,8 @@ struct WeightStream {
 // The MSD matmul's weight copies: the policy made inside the copy's asm (ptxas folds it to a
 // constant). Measured there, this form is as fast as WeightStream or a little faster (M = 4
 // basic: 35.3 against 36.4 us; preload the same).
-__device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* src, unsigned bytes) {
+__device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* src,
+                                                        unsigned bytes) {
   asm volatile(
       "{\n.reg .b64 policy;\n"
       "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
@@ -250,7 +256,8 @@ __device__ __forceinline__ void cp_async_mbar_arrive(unsigned long long* bar) {
 }
 
 // D = A (16x32 int8, row) x B (32x8 int8, col) + C, int32 accumulate.
-__device__ __forceinline__ void mma_s8s8_16832(int c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_s8s8_16832(int c[4], const unsigned a[4], unsigned b0,
+                                               unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
