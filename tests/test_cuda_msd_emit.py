@@ -69,8 +69,12 @@ def test_s8_divisors_carry_the_sixteen_exactly():
 
 
 @pytest.mark.parametrize("old,new", [
-    ("      if (moegen_runs(step, 1, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }\n", ""),
-    ("      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }\n", ""),
+    ("      if (moegen_runs(step, 1, STEPS))\n"
+     "        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);\n", ""),
+    ("      if (moegen_runs(step, 0, STEPS))\n"
+     "        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);\n", ""),
+    ("      if (moegen_runs(step, 1, STEPS)) {\n        const int it = step - 1;\n", 
+     "      if (moegen_runs(step, 0, STEPS)) {\n        const int it = step - 0;\n"),
     ("SLOTS_A_UNFOLD = 3", "SLOTS_A_UNFOLD = 2"),
 ])
 def test_check_fails_on_corrupted_kernels(old, new):
@@ -214,5 +218,6 @@ def test_merging_warps_are_the_other_half_where_rows_take_at_most_half(m, pipeli
     spec = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=m))
     source = emit(spec, "cuda", pipeline)[f"{spec.name}.cu"] if pipeline else \
         emit(spec, "cuda")[f"{spec.name}.cu"]
-    assert f"merge: int32 Y -> fp32 accumulators, {merging}" in source
+    comments = " ".join(line[3:] for line in source.splitlines() if line.startswith("// "))
+    assert f"merge: int32 Y -> fp32 accumulators, {merging}" in comments
     assert "constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS ? VEC_WARPS / 2 : 0;" in source

@@ -4,30 +4,31 @@
 // A16W4 per-group matmul by multi-step decomposition: y[M, N] = x[M, K] @ dequant(w, scale).
 // M = 1, N = 12288, K = 8192, group 128, 3 int4 slices per row and group.
 //
-// One CTA per 128 output columns and 8 of the 64 groups of K; the 8 CTAs along K add
-// their partial sums in a fixed order. The warps play the units of the schedule pass: warps
-// 0 .. 1 the vector unit (unfold A: A_max and the int4 slices of each row, row r on warp
-// r % 2; merge: int32 Y -> fp32 accumulators, 128 columns per warp on warp 1), warps 2 .. 3 the
-// matrix unit (64 columns per warp; mma.sync m16n8k32 s8 x s8, the weights widened in registers as the A operand -> s32).
-// One CTA unfolds each group of A once for all its columns: more columns per CTA, less
-// unfolding in all.
-// The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to the signed bytes
-// 16 q with one mask-and-flip each; the MMA sums 16 q a, exactly, and merge's divisors carry the
-// 1/16 (a power of two: the same fp32 results as dividing the plain sums).
-// The units meet through the schedule's flags, exactly where its action lists say: each flag is
-// a ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait
-// waits for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y
-// rotate over the slots the schedule derived. Global loads stay off the flags: the matrix warps
-// stream the weights through a cp.async ring 3 groups deep, the vector warps their
-// activation rows through one 4 groups deep and the scales of their merge columns along
-// with them (so no step waits on a global load). Each CTA unfolds the (tiny) activations itself, so the schedule's
-// all-core flags stay inside the CTA.
+// One CTA per 128 output columns and 8 of the 64 groups of K; the 8 CTAs along K add their partial
+// sums in a fixed order. The warps play the units of the schedule pass: warps 0 .. 1 the vector
+// unit (unfold A: A_max and the int4 slices of each row, row r on warp r % 2; merge: int32 Y ->
+// fp32 accumulators, 128 columns per warp on warp 1), warps 2 .. 3 the matrix unit (64 columns per
+// warp; mma.sync m16n8k32 s8 x s8, the weights widened in registers as the A operand -> s32). One
+// CTA unfolds each group of A once for all its columns: more columns per CTA, less unfolding in
+// all.
+// The packed weights are offset-binary nibbles (q + 8, 0..15), which widen to the signed bytes 16 q
+// with one mask-and-flip each; the MMA sums 16 q a, exactly, and merge's divisors carry the 1/16 (a
+// power of two: the same fp32 results as dividing the plain sums).
+// The units meet through the schedule's flags, exactly where its action lists say: each flag is a
+// ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait waits
+// for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y rotate over
+// the slots the schedule derived. Global loads stay off the flags: the matrix warps stream the
+// weights through a cp.async ring 3 groups deep, the vector warps their activation rows through one
+// 4 groups deep and the scales of their merge columns along with them (so no step waits on a global
+// load). Each CTA unfolds the (tiny) activations itself, so the schedule's all-core flags stay
+// inside the CTA.
 #include "moegen_w4a16.cuh"
 
 namespace msd {
 constexpr int M = 1, N = 12288, K = 8192, G = 128, S = 3;
 constexpr int GROUPS = K / G;
-constexpr int SPLIT = 8;                // CTAs along K: each takes STEPS consecutive groups
+// CTAs along K: each takes STEPS consecutive groups
+constexpr int SPLIT = 8;
 constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 128;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
@@ -39,16 +40,20 @@ constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 // per lane and MMA.
 constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
 constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
-constexpr int Y_STRIDE = BLOCK_N + 8;           // words per Y row: the 8-byte stores of 4 rows meet no bank twice
-constexpr float ROUND_SHIFT = 12582912.0f;      // 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
+// words per Y row: the 8-byte stores of 4 rows meet no bank twice
+constexpr int Y_STRIDE = BLOCK_N + 8;
+// 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
+constexpr float ROUND_SHIFT = 12582912.0f;
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
 constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
 constexpr int VEC_WARPS = 2, CUBE_WARPS = 2;
 constexpr int VEC_THREADS = 32 * VEC_WARPS, CUBE_THREADS = 32 * CUBE_WARPS;
 constexpr int WARP_N8 = BLOCK_N / 8 / CUBE_WARPS;     // n8 tiles per matrix warp
-static_assert(WARP_N8 >= 1 && WARP_N8 * 8 * CUBE_WARPS == BLOCK_N, "whole n8 tiles per matrix warp");
+static_assert(WARP_N8 >= 1 && WARP_N8 * 8 * CUBE_WARPS == BLOCK_N,
+              "whole n8 tiles per matrix warp");
 constexpr int PER = G / 32;                     // activations per lane and row in unfold
-static_assert(PER == 2 || PER == 4 || PER == 8, "a lane's activations lie within one 32-bit word of int4");
+static_assert(PER == 2 || PER == 4 || PER == 8,
+              "a lane's activations lie within one 32-bit word of int4");
 constexpr int VEC_ROWS = (M + VEC_WARPS - 1) / VEC_WARPS;   // rows of vector warp 0 (the most)
 constexpr int W_STAGES = 3, X_STAGES = 4;
 constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
@@ -65,30 +70,49 @@ constexpr int MERGE_FIRST = 2 * M <= VEC_WARPS ? VEC_WARPS / 2 : 0;
 constexpr int MERGE_WARPS = VEC_WARPS - MERGE_FIRST;
 constexpr int COLS_PER_WARP = BLOCK_N / MERGE_WARPS;
 constexpr int LANE_COLS = COLS_PER_WARP < 32 ? COLS_PER_WARP : 32;
-static_assert(32 % LANE_COLS == 0 && COLS_PER_WARP % LANE_COLS == 0, "merge columns tile the lanes");
+static_assert(32 % LANE_COLS == 0 && COLS_PER_WARP % LANE_COLS == 0,
+              "merge columns tile the lanes");
 constexpr int COLS_PER_LANE = COLS_PER_WARP / LANE_COLS;
 constexpr int ROW_STRIDE = 32 / LANE_COLS;
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
 __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
-__constant__ float INV_DIVISORS[3] = {0.008344459347426891f, 0.000557039980776608f, 3.718558218679391e-05f };
+__constant__ float INV_DIVISORS[3] = {
+    0.008344459347426891f, 0.000557039980776608f, 3.718558218679391e-05f };
 
 // flags of the schedule: index, mbarrier ring depth, and who signals them
-constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;   // id 3, mode 0: vec -> vec, depth 2
-constexpr int SYNC_AIV_ONLY_AMAX_FLAG = 1;   // id 6, mode 0: vec -> vec, depth 4
-constexpr int SYNC_AIC_ONLY_AUNFOLD_FLAG = 2;   // id 7, mode 0: cube -> cube, depth 3
-constexpr int SYNC_AIV_AIC_FLAG = 3;   // id 8, mode 2: vec -> cube, depth 2
-constexpr int SYNC_AIC_AIV_FLAG = 4;   // id 9, mode 2: cube -> vec, depth 2
+// id 3, mode 0: vec -> vec, depth 2
+constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;
+// id 6, mode 0: vec -> vec, depth 4
+constexpr int SYNC_AIV_ONLY_AMAX_FLAG = 1;
+// id 7, mode 0: cube -> cube, depth 3
+constexpr int SYNC_AIC_ONLY_AUNFOLD_FLAG = 2;
+// id 8, mode 2: vec -> cube, depth 2
+constexpr int SYNC_AIV_AIC_FLAG = 3;
+// id 9, mode 2: cube -> vec, depth 2
+constexpr int SYNC_AIC_AIV_FLAG = 4;
 constexpr int FLAGS = 5;
 // each flag's ring depth and first barrier, folded into the signal and wait of a known flag
 __device__ constexpr int flag_depth(int f) {
-  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 2 : f == SYNC_AIV_ONLY_AMAX_FLAG ? 4 : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 3 : f == SYNC_AIV_AIC_FLAG ? 2 : f == SYNC_AIC_AIV_FLAG ? 2 : 1;
+  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 2
+         : f == SYNC_AIV_ONLY_AMAX_FLAG ? 4
+         : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 3
+         : f == SYNC_AIV_AIC_FLAG ? 2
+         : f == SYNC_AIC_AIV_FLAG ? 2
+         : 1;
 }
 __device__ constexpr int flag_first(int f) {
-  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 0 : f == SYNC_AIV_ONLY_AMAX_FLAG ? 2 : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 6 : f == SYNC_AIV_AIC_FLAG ? 9 : f == SYNC_AIC_AIV_FLAG ? 11 : 0;
+  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 0
+         : f == SYNC_AIV_ONLY_AMAX_FLAG ? 2
+         : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 6
+         : f == SYNC_AIV_AIC_FLAG ? 9
+         : f == SYNC_AIC_AIV_FLAG ? 11
+         : 0;
 }
 constexpr int BARRIERS = 13;
-constexpr int BARRIER_WORDS = (BARRIERS + 1) / 2 * 2;   // 8-byte words: what follows is 16-byte aligned
-static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 && VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
+// 8-byte words: what follows is 16-byte aligned
+constexpr int BARRIER_WORDS = (BARRIERS + 1) / 2 * 2;
+static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
+              VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
               BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
               "the rings keep the unfolded A (read 16 bytes at a time) 16-byte aligned");
 
@@ -99,7 +123,8 @@ struct Shared {
   float* amax;                // [slots][M]
   uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
-  half* sring;                // [MERGE_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
+  // [MERGE_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
+  half* sring;
 };
 
 // the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
@@ -138,7 +163,8 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
         // column pairs, 4 bytes each (N even: a pair lies wholly inside or past the row)
         for (int i = lane; i < COLS_PER_WARP / 2; i += 32) {
           const int col = col0 + 2 * i;
-          moegen::cp_async_ca_zfill<4>(scales + 2 * i, row + (col < N ? col : 0), col < N ? 4u : 0u);
+          moegen::cp_async_ca_zfill<4>(scales + 2 * i, row + (col < N ? col : 0),
+                                       col < N ? 4u : 0u);
         }
       } else {
         // odd N leaves the rows 2-byte aligned only, below cp.async's smallest copy: plain loads
@@ -156,7 +182,8 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
 // base apart by constants; only where the CTAs' columns overrun the packed tiles (N_TAIL) is
 // each tile checked, tiles past N reading as zero.
 constexpr bool N_TAIL = N8 % (BLOCK_N / 8) != 0;
-__device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw, int g) {
+__device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw,
+                                       int g) {
   constexpr int PIECES = KSTEPS * 16;           // 16-byte pieces of one tile's group
   constexpr int COPIES = (WARP_N8 * PIECES + 31) / 32;
   const int lane = threadIdx.x & 31;
@@ -239,7 +266,8 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
 // (3 rows) issues half the MMAs it would with the rows as the A operand (16 rows, 13 of them
 // empty); the int32 sums are the same.
 static_assert(ROWS <= 8, "one n8 tile of unfolded rows");
-__device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2 (&b)[WARP_N8][KSTEPS],
+__device__ __forceinline__ void multiply_rows_as_b(const Shared& sh,
+                                                   const uint2 (&b)[WARP_N8][KSTEPS],
                                                    const unsigned* au, int cw, int y_slot) {
   const int lane = threadIdx.x & 31;
   const unsigned flip = moegen::pinned(moegen::WIDEN_FLIP);
@@ -271,7 +299,8 @@ __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh, const uint2
     }
 }
 
-// int32 Y[y_slot] = unfolded A[unfold_slot] x 16 W[group g, this CTA's columns]
+// int32 Y[y_slot] = unfolded A[unfold_slot] x 16 W[group g,
+// this CTA's columns]
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
@@ -336,7 +365,8 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
     for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
       for (int q = 0; q < ROWS_PER_LANE; ++q) {
-        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
+        const int r = lane / LANE_COLS + q * ROW_STRIDE;
+        const int col = blockIdx.x * BLOCK_N + merge_col(m, j);
         if (r < M && col < N) y[(size_t)r * N + col] = __float2half_rn(acc[j][q]);
       }
   } else {
@@ -346,7 +376,8 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
       for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
         for (int q = 0; q < ROWS_PER_LANE; ++q) {
-          const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
+          const int r = lane / LANE_COLS + q * ROW_STRIDE;
+          const int col = blockIdx.x * BLOCK_N + merge_col(m, j);
           if (r < M && col < N) partials[((size_t)blockIdx.y * M + r) * N + col] = acc[j][q];
         }
     }
@@ -356,10 +387,12 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
     for (int j = 0; j < COLS_PER_LANE; ++j)
 #pragma unroll
       for (int q = 0; q < ROWS_PER_LANE; ++q) {
-        const int r = lane / LANE_COLS + q * ROW_STRIDE, col = blockIdx.x * BLOCK_N + merge_col(m, j);
+        const int r = lane / LANE_COLS + q * ROW_STRIDE;
+        const int col = blockIdx.x * BLOCK_N + merge_col(m, j);
         if (r < M && col < N) {
           float sum = 0.0f;
-          for (int sp = 0; sp < SPLIT; ++sp) sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
+          for (int sp = 0; sp < SPLIT; ++sp)
+            sum += __ldcg(partials + ((size_t)sp * M + r) * N + col);
           y[(size_t)r * N + col] = __float2half_rn(sum);
         }
       }
@@ -369,13 +402,15 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
 
 // ---------------------------------------------------------------------------------------------
 // basic: the schedule pass's action lists (lag 0); slots A_max 1, unfolded A 1, Y 1
-// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill them)
+// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill
+// them)
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
 msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y,
                         float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
-  constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1, SLOTS_Y = 1;
+  constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1;
+  constexpr int SLOTS_Y = 1;
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
@@ -386,13 +421,20 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   // rows past S * M of the last m16 tile are never written: they stay zero
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
-    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
-    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
+    sh.unfold[i] = 0;
+  // each barrier counts the threads of its flag's signaller
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 4; ++i)
+      moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i)
+      moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -409,14 +451,26 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     for (int g = 0; g < X_STAGES - 1; ++g) load_x(sh, x, scale, unit, g);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     for (int step = 0; step < STEPS + 0; ++step) {
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) {
+        const int it = step - 0;
+        unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);
+      }
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) {
+        const int it = step - 0;
+        merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);
+      }
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     moegen::cp_async_wait<0>();
@@ -425,11 +479,18 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     // matrix unit
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     for (int step = 0; step < STEPS + 0; ++step) {
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) {
+        const int it = step - 0;
+        matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);
+      }
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
     }
     moegen::cp_async_wait<0>();
   }
@@ -439,13 +500,15 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
 
 // ---------------------------------------------------------------------------------------------
 // preload: the schedule pass's action lists (lag 1); slots A_max 2, unfolded A 3, Y 2
-// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill them)
+// registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill
+// them)
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
 msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
                         const half* __restrict__ scale, half* __restrict__ y,
                         float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
-  constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3, SLOTS_Y = 2;
+  constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3;
+  constexpr int SLOTS_Y = 2;
   extern __shared__ __align__(16) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
@@ -456,13 +519,20 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
   // rows past S * M of the last m16 tile are never written: they stay zero
-  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x) sh.unfold[i] = 0;
-  if (threadIdx.x == 0) {                        // each barrier counts the threads of its flag's signaller
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
-    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
-    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
-    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+  for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
+    sh.unfold[i] = 0;
+  // each barrier counts the threads of its flag's signaller
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 4; ++i)
+      moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i)
+      moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i)
+      moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -480,14 +550,26 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     for (int step = 0; step < STEPS + 1; ++step) {
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 1, STEPS)) { wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 1, STEPS)) { const int it = step - 1; merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc); }
-      if (moegen_runs(step, 1, STEPS)) { signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) {
+        const int it = step - 0;
+        unfold(sh, x, scale, unit, it, it % SLOTS_A_MAX, it % SLOTS_A_UNFOLD);
+      }
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 1, STEPS))
+        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 1, STEPS)) {
+        const int it = step - 1;
+        merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);
+      }
+      if (moegen_runs(step, 1, STEPS))
+        signal(sh, SYNC_AIV_ONLY_AMAX_FLAG, sent[SYNC_AIV_ONLY_AMAX_FLAG]++);
     }
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
     wait(sh, SYNC_AIV_ONLY_AMAX_FLAG, waited[SYNC_AIV_ONLY_AMAX_FLAG]++);
@@ -498,11 +580,18 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     for (int step = 0; step < STEPS + 1; ++step) {
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { const int it = step - 0; matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y); }
-      if (moegen_runs(step, 0, STEPS)) { wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++); }
-      if (moegen_runs(step, 0, STEPS)) { signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++); }
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) {
+        const int it = step - 0;
+        matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);
+      }
+      if (moegen_runs(step, 0, STEPS))
+        wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS))
+        signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     }
     wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     moegen::cp_async_wait<0>();

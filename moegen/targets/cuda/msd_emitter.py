@@ -30,20 +30,22 @@ STAGE_CALL = {
 }
 
 
-def statement(sched: Schedule, a: Action) -> str:
+def statement(sched: Schedule, a: Action) -> list[str]:
+    """One action as the kernel's lines: a stage at iteration `step - offset` on the slots the
+    schedule derived, or the unit's next signal or wait of a flag."""
     if a.op == "stage":
-        return f"const int it = step - {a.offset}; {STAGE_CALL[a.stage]}"
+        return [f"const int it = step - {a.offset};", STAGE_CALL[a.stage]]
     f = sched.flags[a.flag]
     if a.op == "signal":
-        return f"signal(sh, {f.name}, sent[{f.name}]++);"
-    return f"wait(sh, {f.name}, waited[{f.name}]++);"
+        return [f"signal(sh, {f.name}, sent[{f.name}]++);"]
+    return [f"wait(sh, {f.name}, waited[{f.name}]++);"]
 
 
 def _program(sched: Schedule, kind: str) -> dict:
     p = sched.programs[kind]
-    return {"init": [statement(sched, a) for a in p.init],
-            "step": [{"offset": a.offset, "stmt": statement(sched, a)} for a in p.step],
-            "drain": [statement(sched, a) for a in p.drain]}
+    return {"init": [line for a in p.init for line in statement(sched, a)],
+            "step": [{"offset": a.offset, "lines": statement(sched, a)} for a in p.step],
+            "drain": [line for a in p.drain for line in statement(sched, a)]}
 
 
 def flag_depths(schedules: list[Schedule]) -> dict[int, int]:

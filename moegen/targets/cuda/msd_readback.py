@@ -14,8 +14,12 @@ IDS = {f.name: f.id for f in FLAGS.values()}
 
 
 def read_kernels(source: str) -> dict[str, dict[str, Program]]:
+    """Each kernel's action lists. In the step loop an action is `if (moegen_runs(step, OFFSET,
+    STEPS))` and, on the next line, its statement, or a block of statements in braces (a
+    stage); before and after the loop, its statement alone (offset 0)."""
     out: dict[str, dict[str, Program]] = {}
     mode, prog, section = None, None, None
+    offset, in_block = None, False          # the step loop's action being read
     for raw in source.splitlines():
         line = raw.strip()
         if (m := _KERNEL.search(line)):
@@ -24,7 +28,9 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
             continue
         if mode is None:
             continue
-        if line.startswith("if (warp < VEC_WARPS) {"):
+        if in_block and line == "}":          # the end of a stage's block, not of the loop
+            offset, in_block = None, False
+        elif line.startswith("if (warp < VEC_WARPS) {"):
             prog, section = Program(VEC), "init"
             out[mode][VEC] = prog
         elif line.startswith("} else {") and prog is not None and prog.kind == VEC:
@@ -34,14 +40,20 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
             section = "step"
         elif line == "}" and section == "step":
             section = "drain"
+        elif prog is not None and section is not None and (r := _RUNS.search(line)):
+            offset, in_block = int(r.group(1)), line.endswith("{")
         elif prog is not None and section is not None:
-            off = int(r.group(1)) if (r := _RUNS.search(line)) else 0
+            off = offset if offset is not None else 0
             if (m := _SIGNAL.search(line)):
                 getattr(prog, section).append(Action("signal", IDS[m.group(1)], offset=off))
             elif (m := _WAIT.search(line)):
                 getattr(prog, section).append(Action("wait", IDS[m.group(1)], offset=off))
             elif (m := _STAGE.search(line)) and "__device__" not in line:
                 getattr(prog, section).append(Action("stage", stage=m.group(1), offset=off))
+            else:
+                continue
+            if not in_block:
+                offset = None
         if line.startswith("(void)waited;"):
             mode, prog, section = None, None, None
     return out
