@@ -1,5 +1,6 @@
 """The Ascend target: the emitted CANN op project, checked without an NPU (stub headers, the
 schedule simulator on the read-back controller, the generated golden and checker)."""
+import dataclasses
 import importlib.util
 import re
 import shutil
@@ -163,8 +164,11 @@ def test_controller_equals_the_schedule_and_simulates_cleanly():
 
 
 @pytest.mark.parametrize("corrupt", [
-    ("if (Runs(step, 1, groups)) { AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG); }\n", ""),
-    ("        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG); }\n", ""),
+    ("if (Runs(step, 1, groups))\n          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);\n", ""),
+    ("        if (Runs(step, 0, groups))\n"
+     "          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);\n", ""),
+    ("        if (Runs(step, 1, groups)) {\n          const uint32_t it = step - 1;\n",
+     "        if (Runs(step, 0, groups)) {\n          const uint32_t it = step - 0;\n"),
     ("static constexpr uint32_t A_UNFOLD = 3;", "static constexpr uint32_t A_UNFOLD = 2;"),
 ])
 def test_check_fails_on_a_corrupted_emission(corrupt):
@@ -176,7 +180,7 @@ def test_check_fails_on_a_corrupted_emission(corrupt):
         tool = tool.replace(old, new, 1)
     else:
         assert old.strip() in controller
-        controller = controller.replace(old.strip(), new, 1) if new == "" else controller
+        controller = controller.replace(old.strip(), new.strip(), 1)
     problems = check_emission(controller, tool, schedules_for(SEED))
     assert problems, "a corrupted controller passed the check"
 
@@ -271,6 +275,16 @@ def test_generated_ascend_is_up_to_date():
     assert on_disk == set(files)
     for rel, text in files.items():
         assert (folder / rel).read_text() == text, f"generated/ascend/msd-seed/{rel} is stale"
+
+
+@pytest.mark.parametrize("m,schedule", [(1, "preload"), (16, "basic")])
+def test_the_project_reads_in_100_columns(m, schedule):
+    """Every file of the op project but the IR dumps: no line passes 100 columns (the
+    controller's actions: the step test on one line, the statement under it)."""
+    spec = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=m), schedule=schedule)
+    for rel, text in emit(spec, "ascend").items():
+        if not rel.startswith("ir/"):
+            assert max(map(len, text.splitlines()), default=0) <= 100, rel
 
 
 @pytest.mark.parametrize("change,message", [({"m": 17}, "msd.m: 17 must be in 1..16"),

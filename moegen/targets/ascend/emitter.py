@@ -35,19 +35,19 @@ def op_names(spec: Spec) -> tuple[str, str]:
     return snake, "".join(p.capitalize() for p in snake.split("_"))
 
 
-def statement(sched: Schedule, action: Action) -> str:
-    """One action as AscendC code (the form readback.py parses)."""
+def statement(sched: Schedule, action: Action) -> list[str]:
+    """One action as AscendC code, a statement a line (the form readback.py parses)."""
     if action.op in ("signal", "wait"):
         f = sched.flags[action.flag]
         if action.op == "signal":
-            return f"AscendC::CrossCoreSetFlag<{f.mode}, PIPE_{f.pipe}>({f.name});"
-        return f"AscendC::CrossCoreWaitFlag<{f.mode}>({f.name});"
+            return [f"AscendC::CrossCoreSetFlag<{f.mode}, PIPE_{f.pipe}>({f.name});"]
+        return [f"AscendC::CrossCoreWaitFlag<{f.mode}>({f.name});"]
     stage = sched.stages[action.stage]
     used = set(stage.reads + stage.writes)
     slots = ", ".join(f"it % Slots::{SLOT_NAME[b]}" for b in STAGE_SLOTS[action.stage])
     assert used == set(STAGE_SLOTS[action.stage]), (action.stage, used)
-    return (f"const uint32_t it = step - {action.offset}; "
-            f"{STAGE_CALL[action.stage]}(it, {slots});")
+    return [f"const uint32_t it = step - {action.offset};",
+            f"{STAGE_CALL[action.stage]}(it, {slots});"]
 
 
 def schedule_context(sched: Schedule) -> dict:
@@ -55,10 +55,10 @@ def schedule_context(sched: Schedule) -> dict:
     for kind in (CUBE, "vec"):
         prog = sched.programs[kind]
         programs.append({"kind": kind, "guard": GUARD[kind],
-                         "init": [statement(sched, a) for a in prog.init],
-                         "step": [{"offset": a.offset, "stmt": statement(sched, a)}
+                         "init": [line for a in prog.init for line in statement(sched, a)],
+                         "step": [{"offset": a.offset, "lines": statement(sched, a)}
                                   for a in prog.step],
-                         "drain": [statement(sched, a) for a in prog.drain]})
+                         "drain": [line for a in prog.drain for line in statement(sched, a)]})
     return {"mode": sched.mode, "Name": sched.mode.capitalize(), "macro": MODE_MACRO[sched.mode],
             "key": MODES[sched.mode], "lag": sched.lag, "slots": sched.slots,
             "programs": programs}

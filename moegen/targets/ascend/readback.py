@@ -1,8 +1,9 @@
 """Read the action lists back out of an emitted controller header.
 
 Used to check an emission: the flag and stage sequence the code really performs, per template and
-unit, as `Program`s the simulator can run. Expects the one-statement-per-line form the
-controller template writes.
+unit, as `Program`s the simulator can run. Expects the form the controller template writes: a
+statement a line; in the step loop each action's `if (Runs(step, OFFSET, groups))` on a line of
+its own, its statement on the next (a stage's, in a block of braces).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def read_controller(controller: str, tool_header: str) -> dict[str, dict[str, Pr
         programs: dict[str, Program] = {}
         depth = 1
         prog, section = None, None
+        offset, in_block = None, False      # the step loop's action being read
         while i < len(lines) and depth > 0:
             line = lines[i].strip()
             i += 1
@@ -59,13 +61,18 @@ def read_controller(controller: str, tool_header: str) -> dict[str, dict[str, Pr
                 section = "init"
             elif line.startswith("for (uint32_t step") and prog is not None:
                 section = "step"
+            elif prog is not None and section is not None and (r := _RUNS.search(line)):
+                offset, in_block = int(r.group(1)), line.endswith("{")
             elif prog is not None and line != "}" and section is not None:
-                r = _RUNS.search(line)
-                act = _action(line, ids, int(r.group(1)) if r else 0)
+                act = _action(line, ids, offset if offset is not None else 0)
                 if act is not None:
                     getattr(prog, section).append(act)
+                    if not in_block:
+                        offset = None
             depth += line.count("{") - line.count("}")
-            if line == "}" and prog is not None:
+            if line == "}" and in_block:       # the end of a stage's block, not of the loop
+                offset, in_block = None, False
+            elif line == "}" and prog is not None:
                 if section == "step":
                     section = "drain"
                 elif section in ("init", "drain") and depth == 1:

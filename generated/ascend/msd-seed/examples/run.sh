@@ -9,7 +9,8 @@ cd "$(dirname "$0")"
 rm -rf input output build && mkdir -p input output build
 python3 scripts/gen_data.py
 (cd build && cmake ../src && make -j)
-export LD_LIBRARY_PATH="${ASCEND_INSTALL_PATH}/opp/vendors/custom_nn/op_api/lib:${LD_LIBRARY_PATH:-}"
+OP_API_LIB="${ASCEND_INSTALL_PATH}/opp/vendors/custom_nn/op_api/lib"
+export LD_LIBRARY_PATH="${OP_API_LIB}:${LD_LIBRARY_PATH:-}"
 ./build/execute_msd_seed_op
 python3 scripts/verify_result.py output/output_z.bin output/golden.bin
 msprof --output=./output/msprof_result ./build/execute_msd_seed_op

@@ -30,8 +30,8 @@ bool ReadFile(const char* path, std::vector<uint8_t>& data) {
   return true;
 }
 
-int MakeTensor(const std::vector<uint8_t>& host, const std::vector<int64_t>& shape, aclDataType type,
-               void** device, aclTensor** tensor) {
+int MakeTensor(const std::vector<uint8_t>& host, const std::vector<int64_t>& shape,
+               aclDataType type, void** device, aclTensor** tensor) {
   const size_t bytes = host.empty() ? static_cast<size_t>(shape[0] * shape[1] * 2) : host.size();
   CHECK(aclrtMalloc(device, bytes, ACL_MEM_MALLOC_HUGE_FIRST));
   if (!host.empty()) {
@@ -80,7 +80,8 @@ int main() {
   std::vector<uint16_t> out(static_cast<size_t>(M * N));
   CHECK(aclrtMemcpy(out.data(), out.size() * 2, yd, out.size() * 2, ACL_MEMCPY_DEVICE_TO_HOST));
   std::ofstream("output/output_z.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size() * 2));
+      .write(reinterpret_cast<const char*>(out.data()),
+             static_cast<std::streamsize>(out.size() * 2));
 
   aclDestroyTensor(xt);
   aclDestroyTensor(wt);

@@ -28,8 +28,9 @@ class MsdSeedCubeCompute {
     unfold_.SetGlobalBuffer(reinterpret_cast<__gm__ int4b_t*>(unfold));
     yInt_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(yInt));
     rows_ = tiling->steps * tiling->m;
-    columns_ = core_ + 1 == static_cast<uint32_t>(c.usedCoreNum) ? tiling->tailN
-                                                                  : static_cast<uint32_t>(c.singleCoreN);
+    columns_ = core_ + 1 == static_cast<uint32_t>(c.usedCoreNum)
+                   ? tiling->tailN
+                   : static_cast<uint32_t>(c.singleCoreN);
     pipe->InitBuffer(aL1_, c.baseM * tiling->groupSize / 2);
     pipe->InitBuffer(bL1_, tiling->groupSize * c.singleCoreN / 2);
     REGIST_MATMUL_OBJ(pipe, GetSysWorkSpacePtr(), mm_, &cube_);

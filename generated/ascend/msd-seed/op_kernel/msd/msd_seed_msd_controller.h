@@ -23,12 +23,14 @@ class MsdSeedMsdController {
   using Slots = MsdSlots<MSD_MODE>;
 
  public:
-  __aicore__ inline void Init(GM_ADDR x, GM_ADDR weight, GM_ADDR scale, GM_ADDR y, GM_ADDR workspace,
-                              const MsdSeedTilingData* tiling, AscendC::TPipe* pipe) {
+  __aicore__ inline void Init(GM_ADDR x, GM_ADDR weight, GM_ADDR scale, GM_ADDR y,
+                              GM_ADDR workspace, const MsdSeedTilingData* tiling,
+                              AscendC::TPipe* pipe) {
     tiling_ = tiling;
     // workspace: A_max, unfolded A (int4), int32 Y, each with the template's slots
     const uint64_t amaxBytes = AlignUp(tiling->m * sizeof(float), WORKSPACE_ALIGN);
-    const uint64_t unfoldBytes = AlignUp(tiling->steps * tiling->m * tiling->groupSize / 2, WORKSPACE_ALIGN);
+    const uint64_t unfoldBytes =
+        AlignUp(tiling->steps * tiling->m * tiling->groupSize / 2, WORKSPACE_ALIGN);
     GM_ADDR amax = workspace;
     GM_ADDR unfold = amax + amaxBytes * Slots::A_MAX;
     GM_ADDR yInt = unfold + unfoldBytes * Slots::A_UNFOLD;
@@ -57,24 +59,43 @@ if constexpr (MSD_MODE == BASIC_MSD) {
     const uint32_t groups = tiling_->groups;
     if ASCEND_IS_AIC {
       for (uint32_t step = 0; step < groups + 0; ++step) {
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG); }
-        if (Runs(step, 0, groups)) { const uint32_t it = step - 0; cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG); }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups)) {
+          const uint32_t it = step - 0;
+          cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT);
+        }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
       }
     }
     if ASCEND_IS_AIV {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       for (uint32_t step = 0; step < groups + 0; ++step) {
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG); }
-        if (Runs(step, 0, groups)) { const uint32_t it = step - 0; vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG); }
-        if (Runs(step, 0, groups)) { const uint32_t it = step - 0; vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG); }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 0, groups)) {
+          const uint32_t it = step - 0;
+          vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD);
+        }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups)) {
+          const uint32_t it = step - 0;
+          vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT);
+        }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       }
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
     }
@@ -86,11 +107,18 @@ if constexpr (MSD_MODE == BASIC_MSD) {
     if ASCEND_IS_AIC {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
       for (uint32_t step = 0; step < groups + 1; ++step) {
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG); }
-        if (Runs(step, 0, groups)) { const uint32_t it = step - 0; cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG); }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups)) {
+          const uint32_t it = step - 0;
+          cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT);
+        }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
       }
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
     }
@@ -98,14 +126,26 @@ if constexpr (MSD_MODE == BASIC_MSD) {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       for (uint32_t step = 0; step < groups + 1; ++step) {
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG); }
-        if (Runs(step, 0, groups)) { const uint32_t it = step - 0; vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG); }
-        if (Runs(step, 0, groups)) { AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG); }
-        if (Runs(step, 1, groups)) { AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG); }
-        if (Runs(step, 1, groups)) { const uint32_t it = step - 1; vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT); }
-        if (Runs(step, 1, groups)) { AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG); }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 0, groups)) {
+          const uint32_t it = step - 0;
+          vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD);
+        }
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups))
+          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 1, groups))
+          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 1, groups)) {
+          const uint32_t it = step - 1;
+          vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT);
+        }
+        if (Runs(step, 1, groups))
+          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       }
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);

@@ -3,9 +3,11 @@
 // passes: tile,schedule,alloc
 // Vector (AIV) side of MsdSeed.
 // UnfoldA: per row of this AIV and K group: A_max = max|a|; t = a / A_max * f1; slice_i = rint(t)
-//   (round half to even, as the golden's numpy round), t = (t - slice_i) * f_(i+1); slices go to the
-//   workspace as int4 [steps * M, group], A_max as fp32. A row with A_max = 0 gives zero slices.
-// MergeY: for this AIV's half of its core's columns: acc[m] += (sum_i Y_i / d_i) * scale[g] * A_max[m].
+//   (round half to even, as the golden's numpy round), t = (t - slice_i) * f_(i+1); slices go to
+//   the workspace as int4 [steps * M, group], A_max as fp32. A row with A_max = 0 gives zero
+//   slices.
+// MergeY: for this AIV's half of its core's columns:
+//   acc[m] += (sum_i Y_i / d_i) * scale[g] * A_max[m].
 // WriteOutput: acc -> fp16 y.
 #pragma once
 #include "kernel_operator.h"
@@ -21,8 +23,9 @@ class MsdSeedVecCompute {
     core_ = aiv_ / 2;
     const uint32_t used = static_cast<uint32_t>(tiling->cube.usedCoreNum);
     aivCount_ = 2 * used;
-    const uint32_t coreColumns = core_ + 1 == used ? tiling->tailN
-                                                   : static_cast<uint32_t>(tiling->cube.singleCoreN);
+    const uint32_t coreColumns = core_ + 1 == used
+                                     ? tiling->tailN
+                                     : static_cast<uint32_t>(tiling->cube.singleCoreN);
     // the first AIV of a pair merges the first half (rounded up to 16), the second the rest
     const uint32_t firstHalf = (coreColumns / 2 + 15) / 16 * 16;
     const bool first = AscendC::GetSubBlockIdx() == 0;
@@ -88,8 +91,8 @@ class MsdSeedVecCompute {
         AscendC::Cast(slice, t, AscendC::RoundMode::CAST_RINT, g);          // rint(t)
         AscendC::Cast(packed, slice, AscendC::RoundMode::CAST_NONE, g);     // exact: |slice| <= 7
         AscendC::DataCopyExtParams out{1, g / 2, 0, 0, 0};
-        AscendC::DataCopyPad(unfold_[unfoldStride * unfoldSlot + (static_cast<uint64_t>(i) * m + row) * g],
-                             packed, out);
+        const uint64_t dst = unfoldStride * unfoldSlot + (static_cast<uint64_t>(i) * m + row) * g;
+        AscendC::DataCopyPad(unfold_[dst], packed, out);
         if (i + 1 < MSD_STEPS) {
           AscendC::Cast(absA, slice, AscendC::RoundMode::CAST_NONE, g);
           AscendC::Sub(t, t, absA, static_cast<int32_t>(g));
@@ -122,7 +125,8 @@ class MsdSeedVecCompute {
       for (uint32_t i = 0; i < MSD_STEPS; ++i) {
         const uint64_t src = static_cast<uint64_t>(ySlot) * tiling_->steps * m * n +
                              (static_cast<uint64_t>(i) * m + row) * n + col0_;
-        AscendC::DataCopyExtParams yp{1, static_cast<uint32_t>(columns_ * sizeof(int32_t)), 0, 0, 0};
+        AscendC::DataCopyExtParams yp{1, static_cast<uint32_t>(columns_ * sizeof(int32_t)), 0, 0,
+                                      0};
         AscendC::DataCopyPad(yi, yInt_[src], yp, AscendC::DataCopyPadExtParams<int32_t>{});
         AscendC::Cast(yf, yi, AscendC::RoundMode::CAST_NONE, columns_);
         AscendC::Axpy(sum, yf, 1.0f / MSD_DIVISORS[i], cols);             // sum += Y_i / d_i
