@@ -430,7 +430,8 @@ def test_one_token_routed_in_the_gemms_plan():
     take the router logits as their last argument and route one token themselves (Mixtral: the
     single-token bucket's kernels; Qwen3: the kernels its T <= 16 bucket shares with others);
     the route/align kernel serves T = 2 on. Off where asked, where top-k passes a warp's lanes
-    (asked for there: an error), and where the first bucket runs no K-split CTA."""
+    (asked for there: an error), where the first bucket runs no K-split CTA, and where its
+    shared memory would cost the first bucket's rings stages."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         plan = json.loads((GENERATED / "cuda" / name / f"{name}.launch.json").read_text())
         source = (GENERATED / "cuda" / name / f"{name}.cu").read_text()
@@ -465,6 +466,16 @@ def test_one_token_routed_in_the_gemms_plan():
         emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128,route-in-gemm=1},alloc")
     ir = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")["ir/03-tile.mir"]
     assert "gemm_route = false" in ir
+    # where the routing would cost the first bucket's rings stages (top-k 16, blocks of 16: 8
+    # stages would be 4), off unless asked for, and then at the fewer stages
+    k16 = moegen.load_spec({"name": "k16", "pipeline": "moe_w4a16", "targets": {"cuda": {}},
+                            "moe": {"hidden_size": 1024, "intermediate_size": 512,
+                                    "num_experts": 64, "top_k": 16}})
+    for asked, route, stages in (("", False, 8), (",route-in-gemm=1", True, 4)):
+        files = emit(k16, "cuda", f"fuse-align,fuse-swiglu,tile{{moe-block=16{asked}}},alloc")
+        plan = json.loads(files["k16.launch.json"])
+        assert plan["gemm_route"] == route
+        assert [g["variants"][0]["stages"] for g in plan["gemms"]] == [stages, stages]
 
 
 def test_named_template_arguments_match_the_header():

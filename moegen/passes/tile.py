@@ -650,6 +650,7 @@ class TilePass(Pass):
 
     def _moe(self, module: Module, ctx: Context, tuned: dict) -> None:
         spec = ctx.spec
+        self._routing_costs_stages = False
         fixed = self.option("moe-block")
         if fixed == TALL_BLOCK:
             # the tall tile for every call: it sets its own k a stage, columns, rows and warps,
@@ -711,10 +712,14 @@ class TilePass(Pass):
     def _first_bucket_routes(self, module: Module) -> None:
         """One token is routed inside the GEMMs only where both run the K-split CTA in their
         first bucket (the wide CTA and the tall tile take no routing of their own): off
-        elsewhere, and an error where route-in-gemm=1 asks for it."""
+        elsewhere, and an error where route-in-gemm=1 asks for it; and by default not where
+        the routing's shared memory would cost a first bucket's ring stages."""
         fn = module.function()
         router = next((op for op in fn.walk() if op.NAME == "moe.topk_softmax"), None)
         if router is None or not router.attr("gemm_route"):
+            return
+        if self._routing_costs_stages:          # (_gemm_tile: off by default there)
+            router.attrs["gemm_route"] = False
             return
         if all(op.attrs["tile"]["col_tiles"][0] == 1 for op in fn.walk()
                if op.NAME == "moe.grouped_gemm_w4a16"):
@@ -825,11 +830,17 @@ class TilePass(Pass):
                                   down) for edge, _ in buckets]
         asked = [self.option(name) for name in names]
         most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
-        # (the first bucket's K-split CTA may hold one token's routing besides its rings)
+        # (the first bucket's K-split CTA may hold one token's routing besides its rings; where
+        # that would cost its rings stages, the calls of up to its edge would lose more than the
+        # one token gains: the routing stays with align, unless route-in-gemm=1 asks)
         routed = one_token_routing_bytes(spec.moe.top_k, buckets[0][1]) \
             if self._gemm_route(spec.moe.top_k) else 0
         stages = [gemm_stages(block, w, m, bk, routed if i == 0 else 0)
                   for i, ((_, block), m, w, bk) in enumerate(zip(buckets, most, warps, block_k))]
+        plain = gemm_stages(buckets[0][1], warps[0], most[0], block_k[0])
+        if routed and stages[0] != plain and self.option("route-in-gemm") is None:
+            stages[0] = plain
+            self._routing_costs_stages = True
         if tuned_buckets:
             splits = [b[4] if down and len(b) > 4 else b[2] for b in tuned_buckets]
         else:
