@@ -101,8 +101,8 @@ def kernel_argument(value):
         return ctypes.c_int32(int(value))
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
-    raise TypeError(f"kernel argument: {value!r} is not a device array, np.int32, np.float32 "
-                    f"or NULL_POINTER")
+    raise TypeError(f"kernel argument: {type(value).__name__} is not a device array, np.int32, "
+                    f"np.float32 or NULL_POINTER")
 
 
 def launch_after_previous(kernel, grid: tuple, block: int, args: tuple, stream,
