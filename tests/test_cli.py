@@ -190,9 +190,9 @@ def test_inspect_launches_tabulates_the_launch_plan():
     assert [r[-1] for r in rows] == [g["variants"][i]["kernel"]
                                      for i in range(len(plan["buckets"])) for g in plan["gemms"]]
     assert "plan for sm_90a" in out
-    assert re.search(r"T = 1 +8 +gate_up +K-split, 2 warps +1 +8 x 16 k +64 +plain, PDL with "
-                     r"top-k given; releases down after its K loop", out)
-    assert re.search(r"T = 1 with router logits routed inside every CTA of both GEMMs", out)
+    assert re.search(r"T = 1 +8 +gate_up +K-split, 2 warps +1 +8 x 16 k +64 +PDL from T = 1; "
+                     r"releases down after its K loop", out)
+    assert "T = 1 with router logits: the first bucket's kernels in their routing form" in out
     assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ",
                      out)
     assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "

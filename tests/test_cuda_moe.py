@@ -586,7 +586,7 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
     plain = layer_for(spec, pipeline=pipeline.format(split=""), pdl=False)
     apart = layer_for(spec, pipeline=pipeline.format(split="{route-in-gemm=0}"))
     assert layer.gemm_route and not apart.gemm_route
-    assert all(g["variants"][0]["routes_one_token"] for g in layer.gemms)
+    assert all(g["variants"][0]["route_kernel"] for g in layer.gemms)
     host_w = moe_weights(rng, e, h, i, 128)
     packed = layer.pack(*host_w)
     for _ in range(3):

@@ -111,7 +111,9 @@ def test_the_k_split_gemms_follow_with_pdl():
         late = {v["kernel"] for v in up["variants"] if v["release_after_loop"]}
         assert late == ({up["variants"][0]["kernel"]} if single else set())
         assert all(not v["release_after_loop"] for v in down["variants"])
-        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows | waits
+        # (and the down GEMM's routing form, after the routing gate/up, which launches first)
+        routed = {down["variants"][0]["route_kernel"]}
+        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows | waits | routed
         for v in up["variants"] + down["variants"]:
             body = kernel_body(source, v["kernel"])
             if v["tall"]:               # the tall tile launches plainly
@@ -256,9 +258,9 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     (griddepcontrol.launch_dependents); the down GEMM's K-split kernels copy weights (the
     L2-hinted copies; where they stage scales, the .ca copies too) before griddepcontrol.wait and
     no activation rows (the plain .cg copies) before it; gate/up's wait before they read or
-    copy anything (but the router logits, fp32, that a kernel routing one token reads in the
-    calls that launch it plainly), and release the down GEMM only after the wait. sm_80 has
-    neither instruction."""
+    copy anything, and release the down GEMM only after the wait; gate/up's routing form
+    (T = 1 with router logits, the call's first launch) waits for no kernel. sm_80 has neither
+    instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
@@ -266,9 +268,9 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     follows = {k["name"] for k in plan["kernels"] if "launch" in k}
     k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
     gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
-    routing = {v["kernel"] for v in plan["gemms"][0]["variants"] if v["routes_one_token"]}
-    assert routing
-    releases = k_split | {"moe_align", "moe_route_align"}
+    routing = {plan["gemms"][0]["variants"][0]["route_kernel"]}
+    releases = k_split | routing | {plan["gemms"][1]["variants"][0]["route_kernel"],
+                                    "moe_align", "moe_route_align"}
     for arch in ("sm_90a", "sm_80"):
         ptx_path = tmp_path / f"{arch}.ptx"
         proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
@@ -283,8 +285,7 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
             assert ("griddepcontrol.wait" in body) == (name in follows), name
             if name in follows and name in gate_up:
                 before = body[:body.index("griddepcontrol.wait")]
-                logits = r"(?!\.f32)" if name in routing else ""
-                assert not re.search(rf"\bld\.(global{logits}|shared)|cp\.async", before), name
+                assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
                 assert body.index("griddepcontrol.launch_dependents") > len(before), name
             elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
@@ -353,8 +354,7 @@ def test_fused_topk_sum_plan():
     assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["sum_counters"]["offset"]
     assert ws["sum_counters"]["offset"] + 4 * down["ntiles"] <= ws["bytes"]
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
-        sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
-        sig = sig.rstrip().removesuffix(",\n    const float* one_token_logits")  # (T = 1's)
+        sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1).rstrip()
         assert sig.endswith("half* sum_out, int* sum_counters"), v["kernel"]
         # every call sums 2 top-k rows and multiplies the routing weights; the K-split one
         # follows gate/up under PDL; the wide ones, split over K, take the grid's split (the
@@ -426,12 +426,13 @@ def _kernel_params(source: str, name: str) -> str:
 
 
 def test_one_token_routed_in_the_gemms_plan():
-    """route-in-gemm (the default up to top-k 32): the kernels of the first bucket of both GEMMs
-    take the router logits as their last argument and route one token themselves (Mixtral: the
-    single-token bucket's kernels; Qwen3: the kernels its T <= 16 bucket shares with others);
-    the route/align kernel serves T = 2 on. Off where asked, where top-k passes a warp's lanes
-    (asked for there: an error), where the first bucket runs no K-split CTA, and where its
-    shared memory would cost the first bucket's rings stages."""
+    """route-in-gemm (the default up to top-k 32): the first bucket's kernel of each GEMM has a
+    routing form (`<kernel>_routed`: the same GEMM call on the routing in shared memory, the
+    same arguments and the router logits last) for T = 1 with logits, the gate/up one launched
+    first and plainly (its GEMM waits for no kernel), the down one after it as its bucket's
+    kernel; the route/align kernel serves T = 2 on. Off where asked, where top-k passes a
+    warp's lanes (asked for there: an error), where the first bucket runs no K-split CTA, and
+    where its shared memory would cost the first bucket's rings stages."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         plan = json.loads((GENERATED / "cuda" / name / f"{name}.launch.json").read_text())
         source = (GENERATED / "cuda" / name / f"{name}.cu").read_text()
@@ -439,20 +440,30 @@ def test_one_token_routed_in_the_gemms_plan():
         kernels = {k["name"]: k for k in plan["kernels"]}
         assert kernels["moe_route_align"]["when"] == "router logits given, T = 2..16"
         for g in plan["gemms"]:
-            first = g["variants"][0]["kernel"]
-            for v in g["variants"]:
-                routes = v["kernel"] == first
-                assert v["routes_one_token"] == routes
-                assert ("routes" in kernels[v["kernel"]]) == routes
-                params = _kernel_params(source, v["kernel"])
-                assert params.rstrip().endswith("const float* one_token_logits") == routes
+            first = g["variants"][0]
+            routed = first["route_kernel"]
+            assert routed == first["kernel"] + "_routed"
+            assert all(v["route_kernel"] == (routed if v["kernel"] == first["kernel"] else None)
+                       for v in g["variants"])
+            assert kernels[routed]["bucket_max_tokens"] == 1
+            assert ("launch" in kernels[routed]) == (g["name"] == "down")
+            params = _kernel_params(source, routed)
+            assert params == _kernel_params(source, first["kernel"]) + ",\n    const float* logits"
+            body = kernel_body(source, routed)
+            # the same template arguments but WAITS_FIRST (those left out: the defaults)
+            base = call_args(kernel_body(source, first["kernel"]), "grouped_gemm")
+            got = call_args(body, "grouped_gemm")
+            assert "WAITS_FIRST" not in got and all(base[k] == v for k, v in got.items())
+            assert all(v in ("0", "false") for k, v in base.items()
+                       if k not in got and k != "WAITS_FIRST")
+            assert "one.sorted_ids, one.expert_ids, &one.total, one.weights_flat" in body
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     for pipeline in ("fuse-align,fuse-swiglu,tile{route-in-gemm=0},alloc",
                      "fuse-align,fuse-swiglu,tile{moe-block=128},alloc"):
         files = emit(spec, "cuda", pipeline)
         plan = json.loads(files["qwen3-30b-a3b.launch.json"])
-        assert not plan["gemm_route"] and "one_token_logits" not in files["qwen3-30b-a3b.cu"]
-        assert not any(v["routes_one_token"] for g in plan["gemms"] for v in g["variants"])
+        assert not plan["gemm_route"] and "_routed" not in files["qwen3-30b-a3b.cu"]
+        assert not any(v["route_kernel"] for g in plan["gemms"] for v in g["variants"])
         assert plan["kernels"][0]["when"] == "router logits given, T = 1..16"
     wide = moegen.load_spec({"name": "k40", "pipeline": "moe_w4a16", "targets": {"cuda": {}},
                              "moe": {"hidden_size": 256, "intermediate_size": 128,

@@ -82,9 +82,9 @@ MoE (`moe_w4a16`):
   ``route-align-tokens=N`` up to 64 tokens and 512 slots, 0 never; ``gemm_route``: a call of
   one token with router logits is routed inside every CTA of both GEMMs instead, with no router
   or align launch (up to top-k GEMM_ROUTE_MAX_TOPK; ``route-in-gemm=0`` never; measured on the
-  H200, T = 1 2.0-3.4 us faster on the three example models, T = 16 and 64 1-2% slower on
-  Qwen3 and DeepSeek, whose first bucket's kernels carry the routing code). Its shared memory
-  (one_token_routing_bytes) comes off the first bucket's rings.
+  H200, T = 1 1.3-3.6 us faster on the three example models, the other calls as fast as
+  without: the routing runs in forms of the first bucket's kernels of their own). Its shared
+  memory (one_token_routing_bytes) comes off the first bucket's rings.
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,

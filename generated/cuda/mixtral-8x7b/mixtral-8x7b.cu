@@ -285,10 +285,11 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
 
 // ---------------------------------------------------------------------------------------------
 // One token routed inside a GEMM CTA. A call of one token with router logits launches no router
-// or align kernel: every CTA of both GEMMs routes the token itself (one warp, the router's
-// route_logits: the same experts and weights) into shared memory, laid out as align lays out
-// one token: its experts in ascending order are its TOPK blocks, block b holding the slot of the
-// b-th smallest expert in its first row and padding (the sentinel TOPK, weight 0) after it.
+// or align kernel: every CTA of both GEMMs (their first bucket's kernels, in a form of their own:
+// the *_routed kernels) routes the token itself (one warp, the router's route_logits: the same
+// experts and weights) into shared memory, laid out as align lays out one token: its experts in
+// ascending order are its TOPK blocks, block b holding the slot of the b-th smallest expert in
+// its first row and padding (the sentinel TOPK, weight 0) after it.
 // Whole KB of shared memory, so that the GEMM's copy rings beside it keep their alignment
 // (measured on the H200: with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
 template <int BLOCK>
@@ -344,24 +345,35 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_gate_up_b8_s1_p8_w2(
     const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters,
-    const float* one_token_logits) {
-  // one_token_logits (a call of one token, launched plainly or after gate/up, not after align):
-  // this CTA routes the token itself, and the GEMM reads the routing from shared memory
-  __shared__ OneTokenRouting<8> one;
-  if (one_token_logits != nullptr) {
-    route_one_token(one_token_logits, one);
-    sorted_ids = one.sorted_ids;
-    expert_ids = one.expert_ids;
-    weights_flat = one.weights_flat;
-    total = &one.total;
-  }
+    float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
       /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
       /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
+      partials, counters);
+}
+
+// moe_gemm_gate_up_b8_s1_p8_w2_routed: moe_gemm_gate_up_b8_s1_p8_w2 for a call of one token with
+// router logits, which launches no router or align kernel: each CTA routes the token into shared
+// memory, and the GEMM reads its routing from there (the call's first launch: plainly, waiting for
+// no kernel). It takes the same arguments and the logits. (At least one CTA an SM asked for:
+// without it ptxas capped Qwen3's gate/up at 80 registers, and spilled.)
+extern "C" __global__ void __launch_bounds__(64, 1)
+moe_gemm_gate_up_b8_s1_p8_w2_routed(
+    const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
+    float* partials, int* counters,
+    const float* logits) {
+  __shared__ OneTokenRouting<8> one;
+  route_one_token(logits, one);
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
+      /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
+      /*RELEASE_AFTER_LOOP=*/true>(
+      a, w, scales, one.sorted_ids, one.expert_ids, &one.total, one.weights_flat, num_slots, out,
       partials, counters);
 }
 
@@ -451,23 +463,34 @@ extern "C" __global__ void __launch_bounds__(64)
 moe_gemm_down_b8_s8_p8_w2(
     const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
     const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
-    float* partials, int* counters,
-    const float* one_token_logits) {
-  // one_token_logits (a call of one token, launched plainly or after gate/up, not after align):
-  // this CTA routes the token itself, and the GEMM reads the routing from shared memory
-  __shared__ OneTokenRouting<8> one;
-  if (one_token_logits != nullptr) {
-    route_one_token(one_token_logits, one);
-    sorted_ids = one.sorted_ids;
-    expert_ids = one.expert_ids;
-    weights_flat = one.weights_flat;
-    total = &one.total;
-  }
+    float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/8, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
       /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
       a, w, scales, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
+      partials, counters);
+}
+
+// moe_gemm_down_b8_s8_p8_w2_routed: moe_gemm_down_b8_s8_p8_w2 for a call of one token with router
+// logits, which launches no router or align kernel: each CTA routes the token into shared memory,
+// and the GEMM reads its routing from there (after gate/up with programmatic dependent launch, as
+// moe_gemm_down_b8_s8_p8_w2: it routes before it copies weights). It takes the same arguments and
+// the logits. (At least one CTA an SM asked for: without it ptxas capped Qwen3's gate/up at 80
+// registers, and spilled.)
+extern "C" __global__ void __launch_bounds__(64, 1)
+moe_gemm_down_b8_s8_p8_w2_routed(
+    const half* a, const uint4* w, const uint4* scales, const int* sorted_ids,
+    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, half* out,
+    float* partials, int* counters,
+    const float* logits) {
+  __shared__ OneTokenRouting<8> one;
+  route_one_token(logits, one);
+  moegen::grouped_gemm<
+      /*BLOCK=*/8, /*SPLIT=*/8, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
+      /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
+      a, w, scales, one.sorted_ids, one.expert_ids, &one.total, one.weights_flat, num_slots, out,
       partials, counters);
 }
 

@@ -180,15 +180,17 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
     # a call of one token with router logits is routed inside every CTA of both GEMMs where
-    # the tile pass says (their first bucket runs the K-split CTA): the kernels of that
-    # bucket take the logits (or a null pointer) as their last argument
+    # the tile pass says (their first bucket runs the K-split CTA): by a form of that bucket's
+    # kernel of its own (route_kernel: the same arguments and the logits), so that the kernel
+    # other calls of the bucket run stays as it is
     gemm_route = bool(router.attr("gemm_route"))
     if gemm_route and any(g.variants[0]["col_tiles"] > 1 for g in gemms):
         raise ValueError("moe.topk_softmax has gemm_route, but a first bucket runs a wide CTA "
                          "(the tile pass turns it off there)")
     for g in gemms:
+        first = g.variants[0]["kernel"]
         for v in g.variants:
-            v["routes_one_token"] = gemm_route and v["kernel"] == g.variants[0]["kernel"]
+            v["route_kernel"] = f"{first}_routed" if gemm_route and v["kernel"] == first else None
     fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
     summed = gemms[1].sum_topk > 0
     # buckets that share a block and split share a kernel: define each kernel once
@@ -230,14 +232,18 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                         v["split"]],
                "block": v["warps"] * 32, "reads": g.a, "writes": g.out,
                **({"shared_bytes": v["shared_bytes"]} if v["shared_bytes"] else {}),
-               **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"
-                            + ("; plainly where it routes one token itself"
-                               if v["routes_one_token"] and g.name == "gate_up"
-                               and v["follows_from"] == 1 else "")}
-                  if v["follows_from"] is not None else {}),
-               **({"routes": "T = 1 with router logits: each CTA routes the token"}
-                  if v["routes_one_token"] else {})}
+               **({"launch": f"programmatic dependent (sm_90 and later), T >= {v['follows_from']}"}
+                  if v["follows_from"] is not None else {})}
               for g in gemms for v in g.variants],
+            # (T = 1 with router logits: the gate/up one launches first, plainly)
+            *[{"name": g.variants[0]["route_kernel"], "bucket_max_tokens": 1,
+               "grid": [max_blocks(1, m.top_k, m.num_experts, g.variants[0]["block"]), g.ntiles,
+                        g.variants[0]["split"]],
+               "block": g.variants[0]["warps"] * 32, "reads": g.a, "writes": g.out,
+               "when": "T = 1 with router logits: each CTA routes the token itself",
+               **({"launch": "programmatic dependent (sm_90 and later)"}
+                  if g.name == "down" and g.variants[0]["follows_from"] is not None else {})}
+              for g in gemms if g.variants[0]["route_kernel"]],
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),
             *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],

@@ -22,10 +22,6 @@ import numpy as np
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
 
-# A null pointer argument, for CuPy's launches and these alike (CuPy passes a numpy scalar's
-# 8 bytes as they are; it does not pass None as a null pointer)
-NULL_POINTER = np.uint64(0)
-
 # The fewest tokens a call must have for its down GEMM to follow gate/up with PDL. Measured on
 # the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch" and "The down GEMM
 # under PDL from one token"), with gate/up releasing it at its start: faster from T = 4 on the
@@ -91,18 +87,16 @@ def supported(arch: str) -> bool:
 
 def kernel_argument(value):
     """One kernel argument as the ctypes value cuLaunchKernelEx copies: device arrays as their
-    pointer, numpy int32 / float32 scalars as themselves, NULL_POINTER as a null pointer."""
+    pointer, numpy int32 / float32 scalars as themselves."""
     data = getattr(value, "data", None)
     if hasattr(data, "ptr"):                       # a CuPy array: its device pointer
         return ctypes.c_void_p(data.ptr)
-    if isinstance(value, np.uint64) and value == NULL_POINTER:
-        return ctypes.c_void_p(0)
     if isinstance(value, np.int32):
         return ctypes.c_int32(int(value))
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
-    raise TypeError(f"kernel argument: {type(value).__name__} is not a device array, np.int32, "
-                    f"np.float32 or NULL_POINTER")
+    raise TypeError(f"kernel argument: {type(value).__name__} is not a device array, "
+                    f"np.int32 or np.float32")
 
 
 def launch_after_previous(kernel, grid: tuple, block: int, args: tuple, stream,

@@ -23,13 +23,11 @@ def _split(v: dict) -> str:
     return str(v["split"])
 
 
-def _launch(v: dict, arch: str, gemm: str) -> str:
+def _launch(v: dict, arch: str) -> str:
     if v["follows_from"] is None or not arch_has_pdl(arch):
         return "plain"
-    # (a gate/up that routes one token itself is that call's first launch: plain)
-    routing = v["routes_one_token"] and v["follows_from"] == 1 and gemm == "gate_up"
-    return ("plain, PDL with top-k given" if routing else f"PDL from T = {v['follows_from']}") + (
-        "; releases down after its K loop" if v["release_after_loop"] else "")
+    return (f"PDL from T = {v['follows_from']}"
+            + ("; releases down after its K loop" if v["release_after_loop"] else ""))
 
 
 def _rows(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -46,7 +44,8 @@ def moe_launch_table(plan: dict) -> str:
              f"router {plan['router']}"
              + (f", routed inside the align kernel up to T = {plan['route_align_max_tokens']}"
                 if plan["route_align_max_tokens"] else "")
-             + ("; T = 1 with router logits routed inside every CTA of both GEMMs"
+             + ("; T = 1 with router logits: the first bucket's kernels in their routing form "
+                "(*_routed: each CTA routes the token; gate/up launched plainly)"
                 if plan["gemm_route"] else "")
              + f"; workspace {plan['workspace']['bytes'] / 2 ** 20:.1f} MiB", ""]
     head = ["calls", "block", "GEMM", "CTA", "K split", "ring", "threads", "launch", "kernel"]
@@ -61,8 +60,7 @@ def moe_launch_table(plan: dict) -> str:
             # (the tall tile built without warpgroup MMA stages wide_ks k16 steps)
             ks = v["wide_ks"] if v["tall"] and plan["arch"] not in WGMMA_ARCHS else v["ks"]
             rows.append([calls, str(block), g["name"], _cta(v, plan["arch"]), _split(v),
-                         f"{v['stages']} x {16 * ks} k", threads,
-                         _launch(v, plan["arch"], g["name"]),
+                         f"{v['stages']} x {16 * ks} k", threads, _launch(v, plan["arch"]),
                          v["kernel"]])
             calls = ""
         floor = edge + 1

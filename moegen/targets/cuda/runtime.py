@@ -18,7 +18,7 @@ from ...passes.tile import SHARED_PER_CTA
 from ...resources import data_dir
 from ...spec import load_spec
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import NULL_POINTER, launch_after_previous, supported as pdl_supported
+from .launch import launch_after_previous, supported as pdl_supported
 from .layout import gate_up_columns, pack_weights
 
 
@@ -325,18 +325,15 @@ class MoeW4A16:
                 summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
                 grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
                 args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
-                        partials, counters, *summed,
-                        *((one_token if in_gemm else (NULL_POINTER,))
-                          if v["routes_one_token"] else ()))
-                # (routed in the GEMMs, gate/up is the call's first launch: plain, as it reads
-                # the logits before anything could wait for the kernel before it)
+                        partials, counters, *summed, *(one_token if in_gemm else ()))
+                # routed in the GEMMs: the bucket's kernels in their routing form, gate/up the
+                # call's first launch (plain: it reads the logits before anything could wait)
+                kernel = self.kernels[v["route_kernel"] if in_gemm else v["kernel"]]
                 if (v["follows_from"] is not None and self.pdl and t >= v["follows_from"]
                         and not (in_gemm and g["name"] == "gate_up")):
-                    launch_after_previous(self.kernels[v["kernel"]], grid, v["warps"] * 32, args,
-                                          stream)
+                    launch_after_previous(kernel, grid, v["warps"] * 32, args, stream)
                 else:
-                    self.kernels[v["kernel"]](grid, (v["warps"] * 32,), args,
-                                              shared_mem=v["shared_bytes"])
+                    kernel(grid, (v["warps"] * 32,), args, shared_mem=v["shared_bytes"])
                 if g["name"] == "gate_up" and g["epilogue"] == 0:
                     act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
                     n = slots * m.intermediate_size
