@@ -86,7 +86,7 @@ def test_the_k_split_gemms_follow_with_pdl():
     after the align kernel from GATE_UP_PDL_MIN_TOKENS (two), passing WAITS_FIRST = true; both
     from one in the single-token bucket (Mixtral's T = 1, whose gate/up kernel alone releases
     the down GEMM after its K loop). The wide CTAs (prefill, and Mixtral's decode bucket of
-    T = 53..64) launch plainly."""
+    T = 53..64) launch plainly. The top-k sum follows the down GEMM at every T."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
@@ -111,9 +111,11 @@ def test_the_k_split_gemms_follow_with_pdl():
         late = {v["kernel"] for v in up["variants"] if v["release_after_loop"]}
         assert late == ({up["variants"][0]["kernel"]} if single else set())
         assert all(not v["release_after_loop"] for v in down["variants"])
-        # (and the down GEMM's routing form, after the routing gate/up, which launches first)
+        # (and the down GEMM's routing form, after the routing gate/up, which launches first;
+        # and the top-k sum, after the down GEMM at every T)
         routed = {down["variants"][0]["route_kernel"]}
-        assert {k["name"] for k in plan["kernels"] if "launch" in k} == follows | waits | routed
+        assert {k["name"] for k in plan["kernels"] if "launch" in k} == \
+            follows | waits | routed | {"moe_aggregate"}
         for v in up["variants"] + down["variants"]:
             body = kernel_body(source, v["kernel"])
             if v["tall"]:               # the tall tile launches plainly
@@ -259,13 +261,14 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     L2-hinted copies; where they stage scales, the .ca copies too) before griddepcontrol.wait and
     no activation rows (the plain .cg copies) before it; gate/up's wait before they read or
     copy anything, and release the down GEMM only after the wait; gate/up's routing form
-    (T = 1 with router logits, the call's first launch) waits for no kernel. sm_80 has neither
-    instruction."""
+    (T = 1 with router logits, the call's first launch) waits for no kernel; the top-k sum
+    follows the down GEMM and reads nothing before its wait. sm_80 has neither instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
     follows = {k["name"] for k in plan["kernels"] if "launch" in k}
+    assert "moe_aggregate" in follows
     k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
     gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
     routing = {plan["gemms"][0]["variants"][0]["route_kernel"]}
@@ -283,10 +286,11 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
                 continue
             assert ("griddepcontrol.launch_dependents" in body) == (name in releases), name
             assert ("griddepcontrol.wait" in body) == (name in follows), name
-            if name in follows and name in gate_up:
+            if name in follows and (name in gate_up or name == "moe_aggregate"):
                 before = body[:body.index("griddepcontrol.wait")]
                 assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
-                assert body.index("griddepcontrol.launch_dependents") > len(before), name
+                assert (name == "moe_aggregate"
+                        or body.index("griddepcontrol.launch_dependents") > len(before)), name
             elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
                 assert "cp.async.cg.shared.global.L2::cache_hint" in before, name

@@ -593,6 +593,9 @@ extern "C" __global__ void moe_swiglu(const half* __restrict__ gate_up, int num_
 // Sum over the top-k slots of each token, in k order: out[t] = sum_k down[t * TOPK + k].
 extern "C" __global__ void moe_aggregate(const half* __restrict__ down, int num_tokens,
                                          half* __restrict__ out) {
+  // launched with programmatic dependent launch after the down GEMM (sm_90 and later): its
+  // launch overlaps that kernel, and it reads the down rows only once that kernel has finished
+  moegen::wait_for_previous_kernel();
   constexpr int H = 4096;
   const size_t n = (size_t)num_tokens * (H / 8);
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;

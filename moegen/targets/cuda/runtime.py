@@ -176,7 +176,8 @@ class MoeW4A16:
     calls of PDL_MIN_TOKENS tokens or more, and the single-token bucket): they stream their
     first weight stages while the gate/up GEMM finishes. The gate/up GEMM's K-split kernels
     follow the align kernel so (from GATE_UP_PDL_MIN_TOKENS tokens, and the single-token
-    bucket), waiting for it before they read anything.
+    bucket), waiting for it before they read anything, and the top-k sum follows the down
+    GEMM so at every T (its launch overlaps that kernel).
     `pdl=False` launches each kernel after the one before (the same output, bit for bit).
     """
 
@@ -209,6 +210,9 @@ class MoeW4A16:
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
         self.gemm_route = self.plan["gemm_route"]    # T = 1 with logits: routed in the GEMMs
         self.pdl = pdl and pdl_supported(self.arch)
+        # the top-k sum kernel after the down GEMM with programmatic dependent launch
+        self.aggregate_follows = any("launch" in k for k in self.plan["kernels"]
+                                     if k["name"] == "moe_aggregate")
 
     # --- workspace views --------------------------------------------------------------------
     def _view(self, cp, name: str, dtype, count: int):
@@ -343,8 +347,11 @@ class MoeW4A16:
                 src = dst
             if not self.gemms[-1]["sum_topk"]:      # else the down GEMM summed into y
                 n8 = t * m.hidden_size // 8
-                self.kernels["moe_aggregate"]((min(-(-n8 // 256), 65535),), (256,),
-                                              (src, np.int32(t), y))
+                grid, args = (min(-(-n8 // 256), 65535),), (src, np.int32(t), y)
+                if self.pdl and self.aggregate_follows:
+                    launch_after_previous(self.kernels["moe_aggregate"], grid, 256, args, stream)
+                else:
+                    self.kernels["moe_aggregate"](grid, (256,), args)
         return _result(x, y, out)
 
 
