@@ -177,9 +177,9 @@ def test_passes_lists_every_pass_and_its_options():
 
 def test_inspect_launches_tabulates_the_launch_plan():
     """`inspect --launches`: a row per token bucket and GEMM with the kernel the launch plan
-    names, its CTA, split, ring, threads and launch; `--arch` plans for another GPU (sm_80: no
-    tall bucket, no warpgroup MMA, no PDL); MSD: its kernels and rotating slots; the Ascend
-    target has no launch plan (one line, exit 2)."""
+    names, its CTA, split, ring, threads and launch, and where the top-k sum runs; `--arch`
+    plans for another GPU (sm_80: no tall bucket, no warpgroup MMA, no PDL); MSD: its kernels
+    and rotating slots; the Ascend target has no launch plan (one line, exit 2)."""
     import json
     proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -193,6 +193,7 @@ def test_inspect_launches_tabulates_the_launch_plan():
     assert re.search(r"T = 1 +8 +gate_up +K-split, 2 warps +1 +8 x 16 k +64 +PDL from T = 1; "
                      r"releases down after its K loop", out)
     assert "T = 1 with router logits: the first bucket's kernels in their routing form" in out
+    assert "\ntop-k sum: its own kernel, after the down GEMM (PDL)\n" in out
     assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ",
                      out)
     assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "
@@ -201,6 +202,7 @@ def test_inspect_launches_tabulates_the_launch_plan():
     proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", "--arch", "sm_80",
                       cwd=ROOT)
     assert proc.returncode == 0 and "plan for sm_80" in proc.stdout
+    assert "\ntop-k sum: its own kernel, after the down GEMM\n" in proc.stdout
     assert not re.search(r"wgmma|PDL|tall", proc.stdout.split("\n", 3)[3])
     assert "T = 65..8192" in proc.stdout
     proc = run_moegen("inspect", "examples/msd-seed.yaml", "--launches", cwd=ROOT)

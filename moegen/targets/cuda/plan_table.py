@@ -47,7 +47,10 @@ def moe_launch_table(plan: dict) -> str:
              + ("; T = 1 with router logits: the first bucket's kernels in their routing form "
                 "(*_routed: each CTA routes the token; gate/up launched plainly)"
                 if plan["gemm_route"] else "")
-             + f"; workspace {plan['workspace']['bytes'] / 2 ** 20:.1f} MiB", ""]
+             + f"; workspace {plan['workspace']['bytes'] / 2 ** 20:.1f} MiB",
+             "top-k sum: " + ("in the down GEMM's epilogue" if plan["gemms"][-1]["sum_topk"]
+                              else "its own kernel, after the down GEMM"
+                              + (" (PDL)" if arch_has_pdl(plan["arch"]) else "")), ""]
     head = ["calls", "block", "GEMM", "CTA", "K split", "ring", "threads", "launch", "kernel"]
     rows = []
     floor = 1
