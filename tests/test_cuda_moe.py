@@ -162,7 +162,6 @@ def test_a_spec_of_one_token(rng):
             assert rel_err(got, want) <= 2e-3, (h, i, e, k, use_router)
 
 
-
 MANY = [(256, 128, 512, 8), (512, 256, 256, 6)]
 
 
@@ -187,6 +186,7 @@ def test_hundreds_of_experts(rng, h, i, e, k):
         assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6), router
     host_w = moe_weights(rng, e, h, i, 128)
     assert_graph_replays(rng, layer, host_w, layer.pack(*host_w), t=64, pushes=(0.0, 30.0))
+
 
 BLOCK_K32 = "fuse-align,fuse-swiglu,tile{block-k=32},alloc"
 
