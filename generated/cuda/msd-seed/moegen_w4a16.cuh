@@ -721,21 +721,39 @@ __device__ __forceinline__ void grouped_gemm(
   cp_async_wait<0>();
   __syncthreads();                         // the rings are free: red reuses their memory
 
-  // warps add their partial sums into shared memory, in warp order; red[row][column]
-  for (int wi = 0; wi < WARPS; ++wi) {
-    if (warp == wi) {
+  // the warps' partial sums added in warp order into red[row][column]. Where the CTA's shared
+  // memory holds one copy a warp (RED_APART), every warp stores its own at once and each thread
+  // then adds up its elements' copies; else the warps take turns adding into red, a barrier
+  // each. (Measured on the H200, a call of one token on Qwen3 or DeepSeek: 0.7 us of a gate/up
+  // CTA in turns, 0.45 us so.)
+  auto acc_at = [&](auto f) {              // f(row, column, value) for each accumulator
 #pragma unroll
-      for (int t = 0; t < 4; ++t)
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int r = nt * 8 + kq + (c & 1);
-            const int col = t * 16 + lane / 4 + (c >= 2 ? 8 : 0);
-            red[r][col] = wi == 0 ? acc[t][nt][c] : red[r][col] + acc[t][nt][c];
-          }
+        for (int c = 0; c < 4; ++c)
+          f(nt * 8 + kq + (c & 1), t * 16 + lane / 4 + (c >= 2 ? 8 : 0), acc[t][nt][c]);
+  };
+  constexpr bool RED_APART = WARPS * RED_BYTES <= sizeof(smem);
+  if constexpr (RED_APART) {
+    float(*mine)[64] = reinterpret_cast<float(*)[64]>(smem + warp * RED_BYTES);
+    acc_at([&](int r, int col, float v) { mine[r][col] = v; });
+    __syncthreads();
+    for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) {   // (red is warp 0's copy)
+      float sum = red[x / 64][x % 64];
+#pragma unroll
+      for (int wi = 1; wi < WARPS; ++wi)
+        sum += reinterpret_cast<const float*>(smem + wi * RED_BYTES)[x];
+      red[x / 64][x % 64] = sum;
     }
     __syncthreads();
+  } else {
+    for (int wi = 0; wi < WARPS; ++wi) {
+      if (warp == wi)
+        acc_at([&](int r, int col, float v) { red[r][col] = wi == 0 ? v : red[r][col] + v; });
+      __syncthreads();
+    }
   }
 
   if constexpr (SPLIT > 1) {
