@@ -2,10 +2,12 @@
 import numpy as np
 
 
-def moe_spec(h, i, e, k, tokens_max=4096, group=128, block=None, name=None):
+def moe_spec(h, i, e, k, tokens_max=4096, group=128, block=None, name=None, renormalize=None):
     moe = {"hidden_size": h, "intermediate_size": i, "num_experts": e, "top_k": k}
     if block:
         moe["block_size"] = block
+    if renormalize is not None:
+        moe["renormalize"] = renormalize
     return {"name": name or f"t-h{h}-i{i}-e{e}-k{k}", "pipeline": "moe_w4a16", "moe": moe,
             "quant": {"group_size": group}, "tokens": {"max": tokens_max},
             "targets": {"cuda": {"arch": "sm_90a"}}}

@@ -472,6 +472,37 @@ def test_redux_router_is_bitwise_the_shuffle_router(rng):
                                                               b[1].view(np.uint32))
 
 
+@pytest.mark.parametrize("e,k,renormalize", [(64, 40, False), (64, 40, True), (64, 6, False)])
+def test_router_weights_a_lane_each(rng, e, k, renormalize):
+    """A lane works out the weights of its own picks (k, k + 32, ...): past one warp's lanes
+    (top-k 40) and unnormalized, with either router, ties and -inf included, against the
+    reference; and T = 1 routed inside the GEMMs (top-k 6) bitwise the align kernel's path."""
+    spec = moe_spec(256, 128, e, k, renormalize=renormalize,
+                    name=f"t-router-e{e}-k{k}-{'renorm' if renormalize else 'plain'}")
+    logits = rng.standard_normal((40, e)).astype(np.float32)
+    logits[3, :] = 0.0
+    logits[5, k + 1:] = -np.inf
+    want_ids, want_w = R.topk_softmax(logits, k, renormalize)
+    for router in ("redux", "shuffle"):
+        layer = layer_for(spec, pipeline=f"fuse-align,fuse-swiglu,tile{{router={router}}},alloc")
+        ids, w = (cp.asnumpy(a) for a in layer.route(cp.asarray(logits)))
+        assert np.array_equal(ids, want_ids), router
+        assert np.allclose(w, want_w, rtol=1e-5, atol=1e-6), router
+    layer = layer_for(spec)
+    assert layer.gemm_route == (k <= 32)
+    assert_matches_reference(rng, layer, (1, 3, 16, 17))
+    if layer.gemm_route:
+        apart = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{route-in-gemm=0},alloc")
+        packed = layer.pack(*moe_weights(rng, e, 256, 128, 128))
+        x = cp.asarray(rng.standard_normal((1, 256)).astype(np.float16))
+        lg = cp.asarray(rng.standard_normal((1, e)).astype(np.float32))
+        outs = []
+        for lay in (layer, apart):
+            lay.out.fill(POISON)
+            outs.append(cp.asnumpy(lay(x, lg, packed)).view(np.uint16))
+        assert np.array_equal(outs[0], outs[1])
+
+
 ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_post_padded")
 
 

@@ -35,10 +35,15 @@ __device__ __forceinline__ void load_logits(const float* __restrict__ logits, in
   }
 }
 
-// The top-k of one token's logits, computed by one warp; every lane ends with all TOPK ids and
-// weights.
+// A token's picks are spread over a warp's lanes: lane l holds picks l, l + 32, ...
+constexpr int PICKS_PER_LANE = (TOPK + 31) / 32;
+
+// The top-k of one token's logits, computed by one warp: every lane ends with all TOPK ids
+// (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
+// l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
+// each) are worked out after it, one pick a lane, off that chain.
 __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane,
-                                             int (&id)[TOPK], float (&w)[TOPK]) {
+                                             int (&id)[TOPK], float (&w)[PICKS_PER_LANE]) {
   unsigned key[PER_LANE];                  // redux: integer keys in the logits' order, 0 past E
   float row_max = moegen::neg_inf();
   if constexpr (ROUTER_REDUX) {
@@ -59,7 +64,7 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
   unsigned taken = 0;
-  float picked = 0.0f;
+  float mine[PICKS_PER_LANE];              // the logits of this lane's picks
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
     float best;
@@ -99,13 +104,28 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
     }
     if ((best_e & 31) == lane) taken |= 1u << (best_e / 32);
     id[k] = best_e;
-    w[k] = expf(best - row_max) / denom;
-    picked += w[k];
+    if (k % 32 == lane) mine[k / 32] = best;
   }
-  if (RENORMALIZE) {
 #pragma unroll
-    for (int k = 0; k < TOPK; ++k) w[k] /= picked;
+  for (int j = 0; j < PICKS_PER_LANE; ++j)   // (mine[j] is set where lane + 32 j < TOPK)
+    w[j] = expf((lane + 32 * j < TOPK ? mine[j] : row_max) - row_max) / denom;
+  if (RENORMALIZE) {                       // over the sum of the TOPK weights in pick order
+    float picked = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
+#pragma unroll
+    for (int j = 0; j < PICKS_PER_LANE; ++j) w[j] /= picked;
   }
+}
+
+// Lane l's part of writing one token's routing: the ids and weights of its picks l, l + 32, ...
+// (f(k, id, weight) for each).
+template <typename F>
+__device__ __forceinline__ void for_my_picks(const int (&id)[TOPK],
+                                             const float (&w)[PICKS_PER_LANE], int lane, F f) {
+#pragma unroll
+  for (int k = 0; k < TOPK; ++k)
+    if (k % 32 == lane) f(k, id[k], w[k / 32]);
 }
 
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
@@ -117,15 +137,12 @@ moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restric
   float v[PER_LANE];
   load_logits(logits, token, lane, v);
   int id[TOPK];
-  float w[TOPK];
+  float w[PICKS_PER_LANE];
   route_logits(v, lane, id, w);
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) {
-      topk_ids[token * TOPK + k] = id[k];
-      topk_weights[token * TOPK + k] = w[k];
-    }
-  }
+  for_my_picks(id, w, lane, [&](int k, int e, float weight) {
+    topk_ids[token * TOPK + k] = e;
+    topk_weights[token * TOPK + k] = weight;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,7 +261,9 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 constexpr int ROUTE_ALIGN_MAX_TOKENS = 16;
 constexpr int TOKENS_PER_WARP = (ROUTE_ALIGN_MAX_TOKENS + ALIGN_WARPS - 1) / ALIGN_WARPS;
 
-extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+// (One CTA, so bounded as one an SM: without that, ptxas held it to 64 registers at 512
+// experts, and spilled.)
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
 moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
                 int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
                 float* __restrict__ weights_flat, int* __restrict__ total_out) {
@@ -267,16 +286,13 @@ moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
     const int token = warp + j * ALIGN_WARPS;
     if (token >= num_tokens) break;
     int id[TOPK];
-    float w[TOPK];
+    float w[PICKS_PER_LANE];
     route_logits(v[j], lane, id, w);
-    if (lane == 0) {
-#pragma unroll
-      for (int k = 0; k < TOPK; ++k) {
-        ids[token * TOPK + k] = id[k];
-        weights[token * TOPK + k] = w[k];
-        atomicAdd(&sh.counts[id[k]], 1);
-      }
-    }
+    for_my_picks(id, w, lane, [&](int k, int e, float weight) {
+      ids[token * TOPK + k] = e;
+      weights[token * TOPK + k] = weight;
+      atomicAdd(&sh.counts[e], 1);
+    });
   }
   __syncthreads();
   align_slots(sh, ids, weights, num_tokens * TOPK, block, sorted_ids, expert_ids, weights_flat,
@@ -303,29 +319,32 @@ struct alignas(1024) OneTokenRouting {
 template <int BLOCK>
 __device__ __forceinline__ void route_one_token(const float* __restrict__ logits,
                                                 OneTokenRouting<BLOCK>& r) {
-  static_assert(TOPK <= 32, "a lane routes each slot");
+  static_assert(TOPK <= 32 && PICKS_PER_LANE == 1, "a lane routes each slot");
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float v[PER_LANE];
     load_logits(logits, 0, lane, v);
-    int id[TOPK];
-    float w[TOPK];
-    route_logits(v, lane, id, w);
-    for (int x = lane; x < TOPK * BLOCK; x += 32) {
+    for (int x = lane; x < TOPK * BLOCK; x += 32) {   // (while the logits load)
       r.sorted_ids[x] = TOPK;
       r.weights_flat[x] = 0.0f;
     }
+    int id[TOPK];
+    float w[PICKS_PER_LANE];
+    route_logits(v, lane, id, w);
     __syncwarp();
+    // lane j < TOPK writes slot j (pick j) into its expert's block, after the blocks of the
+    // experts picked below it (the router picks TOPK distinct experts)
+    int mine = E;
 #pragma unroll
-    for (int j = 0; j < TOPK; ++j) {       // lane j writes slot j into its expert's block
-      int b = 0;                           // (the router picks TOPK distinct experts)
+    for (int j = 0; j < TOPK; ++j)
+      if (j == lane) mine = id[j];
+    if (lane < TOPK) {
+      int b = 0;
 #pragma unroll
-      for (int i = 0; i < TOPK; ++i) b += id[i] < id[j] ? 1 : 0;
-      if (lane == j) {
-        r.expert_ids[b] = id[j];
-        r.sorted_ids[b * BLOCK] = j;
-        r.weights_flat[b * BLOCK] = w[j];
-      }
+      for (int i = 0; i < TOPK; ++i) b += id[i] < mine ? 1 : 0;
+      r.expert_ids[b] = mine;
+      r.sorted_ids[b * BLOCK] = lane;
+      r.weights_flat[b * BLOCK] = w[0];
     }
     if (lane == 0) r.total = TOPK * BLOCK;
   }
