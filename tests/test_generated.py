@@ -190,14 +190,25 @@ def test_nvcc_compiles_without_spills(tmp_path, name, arch):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_nvcc_compiles_the_largest_expert_count(tmp_path):
-    """E = 512 (the spec's limit): router registers, align's shared memory (< 48 KB static)."""
-    spec = moegen.load_spec({"name": "e512", "pipeline": "moe_w4a16",
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+@pytest.mark.parametrize("experts,top_k,kernels", [(512, 8, "moe_"), (64, 40, "moe_(route|align)")],
+                         ids=["e512-k8", "e64-k40"])
+def test_nvcc_compiles_the_largest_expert_count(tmp_path, arch, experts, top_k, kernels):
+    """E = 512 (the spec's limit): every kernel without spills; top-k 40 unnormalized (two picks
+    a lane): the router and align kernels without spills; align's shared memory (< 48 KB
+    static)."""
+    spec = moegen.load_spec({"name": "e", "pipeline": "moe_w4a16",
                              "moe": {"hidden_size": 1024, "intermediate_size": 256,
-                                     "num_experts": 512, "top_k": 8},
+                                     "num_experts": experts, "top_k": top_k,
+                                     "renormalize": top_k <= 32},
                              "targets": {"cuda": {}}})
-    log = nvcc_build(write_emitted(emit(spec, "cuda"), "e512", tmp_path), tmp_path, werror=False)
-    assert all(a == "0" for a in re.findall(r"(\d+) bytes spill stores", log))
+    log = nvcc_build(write_emitted(emit(spec, "cuda"), "e", tmp_path), tmp_path, arch,
+                     werror=False)
+    stores = {fn: int(n) for fn, n in re.findall(
+        r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log)}
+    checked = [fn for fn in stores if re.match(kernels, fn)]
+    assert len(checked) >= (3 if top_k > 32 else 8), log
+    assert all(stores[fn] == 0 for fn in checked), log
     smem = [int(s) for s in re.findall(r"(\d+) bytes smem", log)]
     assert smem and max(smem) <= 48 * 1024
 
