@@ -474,7 +474,7 @@ def test_redux_router_is_bitwise_the_shuffle_router(rng):
 
 @pytest.mark.parametrize("e,k,renormalize", [(64, 40, False), (64, 40, True), (64, 6, False)])
 def test_router_weights_a_lane_each(rng, e, k, renormalize):
-    """A lane works out the weights of its own picks (k, k + 32, ...): past one warp's lanes
+    """Lane l works out the weights of its own picks (l, l + 32, ...): past one warp's lanes
     (top-k 40) and unnormalized, with either router, ties and -inf included, against the
     reference; and T = 1 routed inside the GEMMs (top-k 6) bitwise the align kernel's path."""
     spec = moe_spec(256, 128, e, k, renormalize=renormalize,

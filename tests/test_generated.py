@@ -191,7 +191,8 @@ def test_nvcc_compiles_without_spills(tmp_path, name, arch):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
-@pytest.mark.parametrize("experts,top_k,kernels", [(512, 8, "moe_"), (64, 40, "moe_(route|align)")],
+@pytest.mark.parametrize("experts,top_k,kernels",
+                         [(512, 8, "moe_"), (64, 40, "moe_(route|align)")],
                          ids=["e512-k8", "e64-k40"])
 def test_nvcc_compiles_the_largest_expert_count(tmp_path, arch, experts, top_k, kernels):
     """E = 512 (the spec's limit): every kernel without spills; top-k 40 unnormalized (two picks
