@@ -62,6 +62,26 @@ def test_inspect_pass_options(tmp_path):
     assert proc.returncode == 2 and "unknown pass 'nope'" in proc.stderr
 
 
+@pytest.mark.parametrize("example,target,pipeline,missing", [
+    ("qwen3-30b-a3b", "cuda", "fuse-align,fuse-swiglu,tile", "alloc"),
+    ("qwen3-30b-a3b", "cuda", "", "tile and alloc"),
+    ("mixtral-8x7b", "cuda", "fuse-align,alloc", "tile"),
+    ("msd-seed", "cuda", "schedule,alloc", "tile")])
+def test_a_pipeline_without_the_passes_a_target_reads(tmp_path, example, target, pipeline,
+                                                     missing):
+    """compile and inspect --launches name the passes a custom pipeline leaves out that the
+    target emits from, in one line; the default pipeline and what the spec's target writes
+    are left as they were."""
+    spec = ROOT / "examples" / f"{example}.yaml"
+    for args in (["compile", spec, "--target", target, "-o", tmp_path / "out"],
+                 ["inspect", spec, "--launches"]):
+        proc = run_moegen(*args, "--pass-pipeline", pipeline)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"pass pipeline '{pipeline}' leaves out {missing}:" in proc.stderr, proc.stderr
+        assert "the default pipeline: '" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_inspect_schedule_svg(tmp_path):
     svg_file = tmp_path / "t.svg"
     out = run_moegen("inspect", ROOT / "examples" / "msd-seed.yaml", "--target", "ascend",

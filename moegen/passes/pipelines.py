@@ -35,6 +35,16 @@ def default_pipeline(pipeline: str, target: str) -> str:
                             f"not {pipeline}") from None
 
 
+def require_passes(spec_pipeline: str, target: str, text: str, missing: list[str]) -> None:
+    """An emitter's check that the pass pipeline `text` ran the passes whose results it reads:
+    `missing` names those whose results the module lacks."""
+    if missing:
+        raise PipelineError(
+            f"pass pipeline '{text}' leaves out {' and '.join(missing)}: the {target} target "
+            f"emits {spec_pipeline} from {'their' if len(missing) > 1 else 'its'} results (the "
+            f"default pipeline: '{default_pipeline(spec_pipeline, target)}')")
+
+
 def default_target(spec: Spec) -> str:
     return "cuda" if spec.targets.cuda is not None else "ascend"
 

@@ -13,6 +13,7 @@ from ... import __version__
 from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
+from ...passes.pipelines import require_passes
 from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
                            tall_shared_bytes, tall_wide_block_k, wide_split_fill_ctas)
 from ...render import render
@@ -176,6 +177,11 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> dict:
 def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
     m = spec.moe
     fn = module.function()
+    require_passes(spec.pipeline, "cuda", pipeline, [
+        name for name, ran in (
+            ("tile", all("tile" in op.attrs for op in fn.walk()
+                         if op.NAME == "moe.grouped_gemm_w4a16")),
+            ("alloc", "workspace" in module.attrs)) if not ran])
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)

@@ -14,6 +14,7 @@ import numpy as np
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
+from ...passes.pipelines import require_passes
 from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derived_schedule
 from ...passes.tile import MSD_MAX_BARRIERS, MSD_MAX_SLOTS, msd_shared_bytes
 from ...render import render
@@ -80,6 +81,7 @@ def check_shape(spec: Spec) -> None:
 def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
     check_shape(spec)
     loop = module.function().op("msd.group_loop")
+    require_passes(spec.pipeline, "cuda", pipeline, [] if "tile" in loop.attrs else ["tile"])
     tile = loop.attrs["tile"]
     arch = arch or spec.cuda_arch
     header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
