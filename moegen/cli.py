@@ -16,7 +16,8 @@ from .spec import CUDA_ARCHS, SpecError, load_spec
 
 # Errors that are the user's input, not moegen's bug: one line, exit 2.
 USER_ERRORS = (SpecError, ParseError, VerifyError, DimError, QuantFormatError, PipelineError,
-               ScheduleError, FileNotFoundError, IsADirectoryError)
+               ScheduleError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+               FileExistsError, PermissionError)
 
 
 class UsageError(Exception):
@@ -194,6 +195,8 @@ def cmd_compile(args) -> int:
     from .targets.compile import compile_spec
     spec = load_spec(args.spec)
     target = args.target or default_target(spec)
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise UsageError(f"-o {args.output}: a file; compile writes a folder of files there")
     written = compile_spec(spec, target, args.output, args.pass_pipeline, _compile_tuning(args))
     for path in written:
         print(path)

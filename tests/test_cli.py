@@ -82,6 +82,19 @@ def test_a_pipeline_without_the_passes_a_target_reads(tmp_path, example, target,
     assert not (tmp_path / "out").exists()
 
 
+def test_compile_into_a_file_is_one_line_exit_2(tmp_path):
+    """-o naming a file, or a folder under a file: one line naming the path, nothing written."""
+    spec = ROOT / "examples" / "moe-seed.yaml"
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    for out, says in ((afile, f"-o {afile}: a file; compile writes a folder of files there"),
+                      (afile / "sub", f"{afile / 'sub'}: Not a directory")):
+        proc = run_moegen("compile", spec, "-o", out)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert says in proc.stderr, proc.stderr
+    assert afile.read_text() == "kept"
+
+
 def test_inspect_schedule_svg(tmp_path):
     svg_file = tmp_path / "t.svg"
     out = run_moegen("inspect", ROOT / "examples" / "msd-seed.yaml", "--target", "ascend",
