@@ -335,9 +335,7 @@ __device__ __forceinline__ void route_one_token(const float* __restrict__ logits
     // lane j < TOPK writes slot j (pick j) into its expert's block, after the blocks of the
     // experts picked below it (the router picks TOPK distinct experts)
     int mine = E;
-#pragma unroll
-    for (int j = 0; j < TOPK; ++j)
-      if (j == lane) mine = id[j];
+    for_my_picks(id, w, lane, [&](int, int e, float) { mine = e; });
     if (lane < TOPK) {
       int b = 0;
 #pragma unroll
