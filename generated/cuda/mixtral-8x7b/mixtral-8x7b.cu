@@ -65,21 +65,29 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   denom = moegen::warp_sum(denom);
   unsigned taken = 0;
   float mine[PICKS_PER_LANE];              // the logits of this lane's picks
+  unsigned lane_key = 0u;                  // redux: the lane's best remaining key and its expert
+  int lane_e = E;
+  bool lane_won = false;                   // redux: the lane's expert was the last pick
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
     float best;
     int best_e;
     if constexpr (ROUTER_REDUX) {
-      unsigned top = 0;
+      // The lane's best remaining key and its lowest expert, kept between picks: only the lane
+      // that won the last pick searches its logits again.
+      if (k == 0 || lane_won) {
+        lane_key = 0u;
+        lane_e = E;
 #pragma unroll
-      for (int i = 0; i < PER_LANE; ++i)
-        if (!(taken & (1u << i))) top = max(top, key[i]);
-      top = __reduce_max_sync(0xffffffffu, top);
-      best_e = E;                          // this lane's lowest expert holding the top key
-#pragma unroll
-      for (int i = PER_LANE - 1; i >= 0; --i)
-        if (!(taken & (1u << i)) && key[i] == top) best_e = lane + 32 * i;
-      best_e = __reduce_min_sync(0xffffffffu, best_e);
+        for (int i = PER_LANE - 1; i >= 0; --i)
+          if (!(taken & (1u << i)) && key[i] >= lane_key) {
+            lane_key = key[i];
+            lane_e = lane + 32 * i;
+          }
+      }
+      const unsigned top = __reduce_max_sync(0xffffffffu, lane_key);
+      best_e = __reduce_min_sync(0xffffffffu, lane_key == top ? lane_e : E);
+      lane_won = best_e == lane_e;
       best = moegen::key_value(top);
     } else {
       best = moegen::neg_inf();
