@@ -248,6 +248,26 @@ def test_decode_wide_cta_split_over_k(rng, h, i, tile):
     assert_graph_replays(rng, layer, host, packed, 60)
 
 
+@pytest.mark.parametrize("arch", [None, "sm_90"])
+def test_decode_wide_cta_of_a_small_model(rng, arch):
+    """A small model (H = 1024, I = 512, 32 experts, top-8: T = 53..64 in the wide decode
+    bucket) splits both GEMMs over K, gate/up 4 or 8 ways per call and down 4 (a CTA's share of
+    K: 8 k16 steps), its kernels capped at 128 registers; compiled without warpgroup MMA
+    (sm_90), the mma.sync wide CTA's short K loop (not unrolled: unrolled whole it spilled).
+    Against the reference and bitwise the same on a second run."""
+    kw = {"arch": arch} if arch else {}
+    layer = layer_for(moe_spec(1024, 512, 32, 8, tokens_max=64), **kw)
+    last = [g["variants"][-1] for g in layer.plan["gemms"]]
+    assert [(v["max_tokens"], v["block"], v["col_tiles"], v["ctas_per_sm"], v["split_many"],
+             v["split"]) for v in last] == [(64, 32, 4, 4, 4, 8), (64, 32, 4, 4, 4, 4)]
+    assert_matches_reference(rng, layer, (53, 64))
+    host = moe_weights(rng, 32, 1024, 512, 128)
+    packed = layer.pack(*host)
+    x = cp.asarray(rng.standard_normal((64, 1024)).astype(np.float16))
+    logits = cp.asarray(rng.standard_normal((64, 32)).astype(np.float32))
+    assert_two_runs_bitwise_equal(layer, x, logits, packed, "T=64")
+
+
 WIDE = "fuse-align,fuse-swiglu,tile{%s},alloc"
 
 
