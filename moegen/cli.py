@@ -157,6 +157,8 @@ def cmd_run(args) -> int:
 def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
     tuning = _run_tuning(args)
+    if args.reps < 1:
+        raise UsageError(f"--reps {args.reps}: timed repetitions a point, at least 1")
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import bench_msd
         if args.pass_pipeline:
@@ -211,6 +213,8 @@ def cmd_autotune(args) -> int:
         return 0
     if args.arch:
         raise UsageError(f"--arch {args.arch}: with --list only (a sweep plans for its GPU)")
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise UsageError(f"--budget-s {args.budget_s:g}: seconds of sweeping, more than 0")
     db = TuningDB(args.tuning_db)
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s)

@@ -163,6 +163,21 @@ def test_bench_experts_option_is_checked_before_the_gpu():
         assert proc.stderr.count("\n") == 1
 
 
+def test_reps_and_budget_are_checked_before_the_gpu():
+    """`bench --reps` below 1 and `autotune --budget-s` not above 0 (a sweep that would time
+    nothing) fail in one line, exit 2, with or without a GPU."""
+    for args, says in ((("bench", "examples/qwen3-30b-a3b.yaml", "--reps", "0"),
+                        "--reps 0: timed repetitions a point, at least 1"),
+                       (("bench", "examples/msd-seed.yaml", "--reps", "-3"), "--reps -3:"),
+                       (("autotune", "examples/msd-seed.yaml", "--budget-s", "0"),
+                        "--budget-s 0: seconds of sweeping, more than 0"),
+                       (("autotune", "examples/mixtral-8x7b.yaml", "--budget-s", "nan"),
+                        "--budget-s nan:")):
+        proc = run_moegen(*args, cwd=ROOT)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1
+
+
 def test_token_counts_are_checked_before_the_gpu():
     """`run --tokens` above the spec's tokens.max, `autotune --tokens` all above it (bench and
     autotune skip the counts above it with a line, so their defaults serve small specs), and
