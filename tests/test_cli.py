@@ -151,6 +151,13 @@ def test_gpu_commands_without_a_gpu_say_so(tmp_path):
     assert proc.returncode == 2 and "no.json: no such file" in proc.stderr
 
 
+def assert_fails_in_one_line(args, says):
+    """`moegen ARGS` exits 2 with one line of stderr that contains `says`."""
+    proc = run_moegen(*args, cwd=ROOT)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
 def test_bench_experts_option_is_checked_before_the_gpu():
     """`bench --experts N` routes among the first N experts: N below top-k, above the spec's
     experts or on an msd_matmul spec fails in one line, exit 2, with or without a GPU."""
@@ -158,9 +165,7 @@ def test_bench_experts_option_is_checked_before_the_gpu():
                            "needs top_k <= N <= num_experts (2 .. 8)"),
                           ("mixtral-8x7b", "9", "--experts 9:"),
                           ("msd-seed", "2", "--experts: routes the tokens of a moe_w4a16 spec")):
-        proc = run_moegen("bench", f"examples/{spec}.yaml", "--experts", n, cwd=ROOT)
-        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-        assert proc.stderr.count("\n") == 1
+        assert_fails_in_one_line(("bench", f"examples/{spec}.yaml", "--experts", n), says)
 
 
 def test_reps_and_budget_are_checked_before_the_gpu():
@@ -173,9 +178,7 @@ def test_reps_and_budget_are_checked_before_the_gpu():
                         "--budget-s 0: seconds of sweeping, more than 0"),
                        (("autotune", "examples/mixtral-8x7b.yaml", "--budget-s", "nan"),
                         "--budget-s nan:")):
-        proc = run_moegen(*args, cwd=ROOT)
-        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-        assert proc.stderr.count("\n") == 1
+        assert_fails_in_one_line(args, says)
 
 
 def test_token_counts_are_checked_before_the_gpu():
@@ -188,9 +191,7 @@ def test_token_counts_are_checked_before_the_gpu():
                         "--tokens: 65, 256 all above the spec's tokens.max (64)"),
                        (("bench", "examples/msd-seed.yaml", "--rows", "0,4"),
                         "--rows '0,4': expected positive integers")):
-        proc = run_moegen(*args, cwd=ROOT)
-        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
-        assert proc.stderr.count("\n") == 1
+        assert_fails_in_one_line(args, says)
 
 
 def test_passes_lists_every_pass_and_its_options():
