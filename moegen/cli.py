@@ -141,6 +141,8 @@ def _run_tuning(args):
 def cmd_run(args) -> int:
     spec = load_spec(args.spec)
     tuning = _run_tuning(args)
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed {args.seed}: a random seed, 0 or more")
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import run_msd
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1

@@ -168,10 +168,13 @@ def test_bench_experts_option_is_checked_before_the_gpu():
         assert_fails_in_one_line(("bench", f"examples/{spec}.yaml", "--experts", n), says)
 
 
-def test_reps_and_budget_are_checked_before_the_gpu():
-    """`bench --reps` below 1 and `autotune --budget-s` not above 0 (a sweep that would time
-    nothing) fail in one line, exit 2, with or without a GPU."""
-    for args, says in ((("bench", "examples/qwen3-30b-a3b.yaml", "--reps", "0"),
+def test_reps_budget_and_seed_are_checked_before_the_gpu():
+    """`bench --reps` below 1, `autotune --budget-s` not above 0 (a sweep that would time
+    nothing) and `run --seed` below 0 (numpy's generators take none) fail in one line, exit 2,
+    with or without a GPU."""
+    for args, says in ((("run", "examples/msd-seed.yaml", "--seed", "-1"),
+                        "--seed -1: a random seed, 0 or more"),
+                       (("bench", "examples/qwen3-30b-a3b.yaml", "--reps", "0"),
                         "--reps 0: timed repetitions a point, at least 1"),
                        (("bench", "examples/msd-seed.yaml", "--reps", "-3"), "--reps -3:"),
                        (("autotune", "examples/msd-seed.yaml", "--budget-s", "0"),
