@@ -20,6 +20,9 @@ USER_ERRORS = (SpecError, ParseError, VerifyError, DimError, QuantFormatError, P
                FileExistsError, PermissionError)
 
 
+MOE_TOKENS = "1,16,64,256,2048"      # bench's and autotune's token counts by default
+
+
 class UsageError(Exception):
     """A command that cannot run as asked (bad option value, no GPU, ...)."""
 
@@ -138,9 +141,20 @@ def _run_tuning(args):
     return tuning_for(path)
 
 
+def _moe_tokens(spec, args, default: str | None = MOE_TOKENS) -> str | None:
+    """--tokens of a command, or its default; an msd_matmul spec takes none (its rows are
+    msd.m, or bench's --rows)."""
+    if spec.pipeline == "msd_matmul" and args.tokens:
+        raise UsageError(f"--tokens {args.tokens}: token counts of a moe_w4a16 spec; an "
+                         f"msd_matmul spec runs its msd.m rows ({spec.msd.m}"
+                         f"{'; bench: --rows' if args.func is cmd_bench else ''})")
+    return args.tokens or default
+
+
 def cmd_run(args) -> int:
     spec = load_spec(args.spec)
     tuning = _run_tuning(args)
+    tokens_text = _moe_tokens(spec, args, None)
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed {args.seed}: a random seed, 0 or more")
     if spec.pipeline == "msd_matmul":
@@ -148,7 +162,7 @@ def cmd_run(args) -> int:
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
     from .targets.cuda.bench import run_moe
     ok = True
-    tokens = (_token_list(args.tokens, spec.tokens.max) if args.tokens
+    tokens = (_token_list(tokens_text, spec.tokens.max) if tokens_text
               else [min(16, spec.tokens.max)])
     for t in tokens:
         err = _gpu(run_moe, spec, t, args.seed, tuning=tuning)
@@ -159,6 +173,7 @@ def cmd_run(args) -> int:
 def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
     tuning = _run_tuning(args)
+    tokens_text = _moe_tokens(spec, args)
     if args.reps < 1:
         raise UsageError(f"--reps {args.reps}: timed repetitions a point, at least 1")
     if spec.pipeline == "msd_matmul":
@@ -178,7 +193,7 @@ def cmd_bench(args) -> int:
         check_experts(spec, args.experts)
     except ValueError as exc:
         raise UsageError(f"--{exc}") from None
-    _gpu(bench_moe, spec, _token_list(args.tokens), args.json, args.reps,
+    _gpu(bench_moe, spec, _token_list(tokens_text), args.json, args.reps,
          not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline,
          experts=args.experts)
     return 0
@@ -210,8 +225,9 @@ def cmd_compile(args) -> int:
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
     from .autotune import TuningDB, autotune_moe, autotune_msd, results_table, sweep_listing
+    tokens_text = _moe_tokens(spec, args)
     if args.list:
-        print(sweep_listing(spec, _token_list(args.tokens), args.arch))
+        print(sweep_listing(spec, _token_list(tokens_text), args.arch))
         return 0
     if args.arch:
         raise UsageError(f"--arch {args.arch}: with --list only (a sweep plans for its GPU)")
@@ -221,7 +237,7 @@ def cmd_autotune(args) -> int:
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s)
     else:
-        results = _gpu(autotune_moe, spec, _sweep_tokens(spec, _token_list(args.tokens)), db,
+        results = _gpu(autotune_moe, spec, _sweep_tokens(spec, _token_list(tokens_text)), db,
                        args.budget_s)
     print(results_table(results, "M" if spec.pipeline == "msd_matmul" else "T"))
     print(f"wrote {db.path}")
@@ -336,8 +352,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Run the spec's layer on random inputs on the GPU and print "
                                    "its relative error against moegen.reference.")
     s.add_argument("spec")
-    s.add_argument("--tokens", help="token counts, e.g. 1,16,64 (default 16, or tokens.max "
-                   "where smaller)")
+    s.add_argument("--tokens", help="moe_w4a16 specs: token counts, e.g. 1,16,64 (default 16, "
+                   "or tokens.max where smaller)")
     s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     _tuning_db_option(s)
     s.set_defaults(func=cmd_run)
@@ -346,7 +362,7 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Per token count: median time (CUDA graph replay, L2 "
                                    "flushed), the int4 memory floor, % of floor, PyTorch bf16.")
     s.add_argument("spec")
-    s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts")
+    s.add_argument("--tokens", help=f"moe_w4a16 specs: token counts (default {MOE_TOKENS})")
     s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "
                    "(default: the spec's msd.m)")
     s.add_argument("--pass-pipeline", metavar="PIPELINE", help="moe_w4a16 specs: time the "
@@ -366,7 +382,8 @@ def make_parser() -> argparse.ArgumentParser:
                                    "the reference, timed (graph replay, L2 flushed), the best "
                                    "recorded in the tuning database.")
     s.add_argument("spec")
-    s.add_argument("--tokens", default="1,16,64,256,2048", help="token counts to tune")
+    s.add_argument("--tokens", help=f"moe_w4a16 specs: token counts to tune (default "
+                   f"{MOE_TOKENS})")
     s.add_argument("--budget-s", type=float, default=None, help="stop sweeping after N seconds")
     s.add_argument("--tuning-db", metavar="PATH", help="database file (default: "
                    "$MOEGEN_TUNING_DB or ~/.cache/moegen/tuning.json)")

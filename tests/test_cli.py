@@ -187,8 +187,16 @@ def test_reps_budget_and_seed_are_checked_before_the_gpu():
 def test_token_counts_are_checked_before_the_gpu():
     """`run --tokens` above the spec's tokens.max, `autotune --tokens` all above it (bench and
     autotune skip the counts above it with a line, so their defaults serve small specs), and
-    `--rows` that are not positive fail in one line, exit 2, with or without a GPU."""
-    for args, says in ((("run", "examples/qwen3-30b-a3b.yaml", "--tokens", "1,9000"),
+    `--rows` that are not positive fail in one line, exit 2, with or without a GPU; so does
+    `--tokens` on an msd_matmul spec, whose rows are its msd.m (bench: --rows)."""
+    for args, says in ((("run", "examples/msd-seed.yaml", "--tokens", "4"),
+                        "--tokens 4: token counts of a moe_w4a16 spec; an msd_matmul spec runs "
+                        "its msd.m rows (1)"),
+                       (("bench", "examples/msd-seed.yaml", "--tokens", "1,4"),
+                        "msd.m rows (1; bench: --rows)"),
+                       (("autotune", "examples/msd-seed.yaml", "--list", "--tokens", "8"),
+                        "--tokens 8: token counts of a moe_w4a16 spec"),
+                       (("run", "examples/qwen3-30b-a3b.yaml", "--tokens", "1,9000"),
                         "--tokens '1,9000': 9000 is above the spec's tokens.max (8192)"),
                        (("autotune", "examples/moe-seed.yaml", "--tokens", "65,256"),
                         "--tokens: 65, 256 all above the spec's tokens.max (64)"),
