@@ -189,6 +189,9 @@ def cmd_bench(args) -> int:
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe, check_experts
+    if args.rows:
+        raise UsageError(f"--rows {args.rows}: the M values of an msd_matmul spec; a moe_w4a16 "
+                         f"bench times token counts (--tokens)")
     try:
         check_experts(spec, args.experts)
     except ValueError as exc:

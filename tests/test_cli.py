@@ -188,7 +188,8 @@ def test_token_counts_are_checked_before_the_gpu():
     """`run --tokens` above the spec's tokens.max, `autotune --tokens` all above it (bench and
     autotune skip the counts above it with a line, so their defaults serve small specs), and
     `--rows` that are not positive fail in one line, exit 2, with or without a GPU; so does
-    `--tokens` on an msd_matmul spec, whose rows are its msd.m (bench: --rows)."""
+    `--tokens` on an msd_matmul spec, whose rows are its msd.m (bench: --rows), and `--rows` on a
+    moe_w4a16 spec."""
     for args, says in ((("run", "examples/msd-seed.yaml", "--tokens", "4"),
                         "--tokens 4: token counts of a moe_w4a16 spec; an msd_matmul spec runs "
                         "its msd.m rows (1)"),
@@ -196,6 +197,9 @@ def test_token_counts_are_checked_before_the_gpu():
                         "msd.m rows (1; bench: --rows)"),
                        (("autotune", "examples/msd-seed.yaml", "--list", "--tokens", "8"),
                         "--tokens 8: token counts of a moe_w4a16 spec"),
+                       (("bench", "examples/moe-seed.yaml", "--rows", "4"),
+                        "--rows 4: the M values of an msd_matmul spec; a moe_w4a16 bench times "
+                        "token counts (--tokens)"),
                        (("run", "examples/qwen3-30b-a3b.yaml", "--tokens", "1,9000"),
                         "--tokens '1,9000': 9000 is above the spec's tokens.max (8192)"),
                        (("autotune", "examples/moe-seed.yaml", "--tokens", "65,256"),
