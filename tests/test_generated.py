@@ -218,7 +218,8 @@ def test_nvcc_compiles_the_largest_expert_count(tmp_path, arch, experts, top_k, 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("hidden,inter,experts,top_k", [
     (1024, 512, 32, 8),      # Granite-3.0-1B-A400M's shape
-    (1024, 256, 64, 16), (2048, 256, 64, 16), (1024, 128, 64, 16)])
+    (1024, 256, 64, 16), (2048, 256, 64, 16), (1024, 128, 64, 16),
+    (1024, 256, 64, 40)])     # two picks a lane (unnormalized: top-k above 32)
 def test_nvcc_compiles_small_models_split_wide(tmp_path, arch, hidden, inter, experts, top_k):
     """Small models whose wide decode bucket splits gate/up over K (its few column tiles leave
     the SMs short), some into CTAs of 4 K iterations. At the bucket's 128-register cap only the
@@ -227,7 +228,8 @@ def test_nvcc_compiles_small_models_split_wide(tmp_path, arch, hidden, inter, ex
     short K loops, once unrolled whole, spilled 100-180 bytes in the down GEMM."""
     spec = moegen.load_spec({"name": "s", "pipeline": "moe_w4a16",
                              "moe": {"hidden_size": hidden, "intermediate_size": inter,
-                                     "num_experts": experts, "top_k": top_k},
+                                     "num_experts": experts, "top_k": top_k,
+                                     "renormalize": top_k <= 32},
                              "targets": {"cuda": {}}})
     files = emit(spec, "cuda")
     plan = json.loads(files["s.launch.json"])
