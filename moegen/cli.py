@@ -144,11 +144,11 @@ def _run_tuning(args):
 def _moe_tokens(spec, args, default: str | None = MOE_TOKENS) -> str | None:
     """--tokens of a command, or its default; an msd_matmul spec takes none (its rows are
     msd.m, or bench's --rows)."""
-    if spec.pipeline == "msd_matmul" and args.tokens:
-        raise UsageError(f"--tokens {args.tokens}: token counts of a moe_w4a16 spec; an "
+    if spec.pipeline == "msd_matmul" and args.tokens is not None:
+        raise UsageError(f"--tokens {args.tokens!r}: token counts of a moe_w4a16 spec; an "
                          f"msd_matmul spec runs its msd.m rows ({spec.msd.m}"
                          f"{'; bench: --rows' if args.func is cmd_bench else ''})")
-    return args.tokens or default
+    return default if args.tokens is None else args.tokens
 
 
 def cmd_run(args) -> int:
@@ -162,7 +162,7 @@ def cmd_run(args) -> int:
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
     from .targets.cuda.bench import run_moe
     ok = True
-    tokens = (_token_list(tokens_text, spec.tokens.max) if tokens_text
+    tokens = (_token_list(tokens_text, spec.tokens.max) if tokens_text is not None
               else [min(16, spec.tokens.max)])
     for t in tokens:
         err = _gpu(run_moe, spec, t, args.seed, tuning=tuning)
@@ -190,7 +190,7 @@ def cmd_bench(args) -> int:
         return 0
     from .targets.cuda.bench import bench_moe, check_experts
     if args.rows:
-        raise UsageError(f"--rows {args.rows}: the M values of an msd_matmul spec; a moe_w4a16 "
+        raise UsageError(f"--rows {args.rows!r}: the M values of an msd_matmul spec; a moe_w4a16 "
                          f"bench times token counts (--tokens)")
     try:
         check_experts(spec, args.experts)

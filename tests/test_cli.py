@@ -191,14 +191,14 @@ def test_token_counts_are_checked_before_the_gpu():
     `--tokens` on an msd_matmul spec, whose rows are its msd.m (bench: --rows), and `--rows` on a
     moe_w4a16 spec."""
     for args, says in ((("run", "examples/msd-seed.yaml", "--tokens", "4"),
-                        "--tokens 4: token counts of a moe_w4a16 spec; an msd_matmul spec runs "
+                        "--tokens '4': token counts of a moe_w4a16 spec; an msd_matmul spec runs "
                         "its msd.m rows (1)"),
                        (("bench", "examples/msd-seed.yaml", "--tokens", "1,4"),
                         "msd.m rows (1; bench: --rows)"),
                        (("autotune", "examples/msd-seed.yaml", "--list", "--tokens", "8"),
-                        "--tokens 8: token counts of a moe_w4a16 spec"),
+                        "--tokens '8': token counts of a moe_w4a16 spec"),
                        (("bench", "examples/moe-seed.yaml", "--rows", "4"),
-                        "--rows 4: the M values of an msd_matmul spec; a moe_w4a16 bench times "
+                        "--rows '4': the M values of an msd_matmul spec; a moe_w4a16 bench times "
                         "token counts (--tokens)"),
                        (("run", "examples/qwen3-30b-a3b.yaml", "--tokens", "1,9000"),
                         "--tokens '1,9000': 9000 is above the spec's tokens.max (8192)"),
