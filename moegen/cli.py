@@ -185,11 +185,12 @@ def cmd_bench(args) -> int:
         if args.experts is not None:
             raise UsageError("--experts: routes the tokens of a moe_w4a16 spec; this is an "
                              "msd_matmul spec")
-        rows = _token_list(args.rows, flag="--rows") if args.rows else [spec.msd.m]
+        rows = (_token_list(args.rows, flag="--rows") if args.rows is not None
+                else [spec.msd.m])
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
         return 0
     from .targets.cuda.bench import bench_moe, check_experts
-    if args.rows:
+    if args.rows is not None:
         raise UsageError(f"--rows {args.rows!r}: the M values of an msd_matmul spec; a moe_w4a16 "
                          f"bench times token counts (--tokens)")
     try:
