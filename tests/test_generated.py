@@ -170,6 +170,12 @@ def assert_no_spills(log: str) -> None:
     assert spills and all(a == "0" and b == "0" for a, b in spills), log
 
 
+def spill_stores(log: str) -> dict:
+    """Bytes of spill stores per function, from nvcc's ptxas statistics."""
+    return {fn: int(n) for fn, n in re.findall(
+        r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log)}
+
+
 def write_emitted(files: dict, stem: str, out_dir) -> object:
     """The .cu of `files` (as `emit` returns them) and its header into out_dir; the .cu path."""
     (out_dir / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
@@ -205,8 +211,7 @@ def test_nvcc_compiles_the_largest_expert_count(tmp_path, arch, experts, top_k, 
                              "targets": {"cuda": {}}})
     log = nvcc_build(write_emitted(emit(spec, "cuda"), "e", tmp_path), tmp_path, arch,
                      werror=False)
-    stores = {fn: int(n) for fn, n in re.findall(
-        r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log)}
+    stores = spill_stores(log)
     checked = [fn for fn in stores if re.match(kernels, fn)]
     assert len(checked) >= (3 if top_k > 32 else 8), log
     assert all(stores[fn] == 0 for fn in checked), log
@@ -236,8 +241,7 @@ def test_nvcc_compiles_small_models_split_wide(tmp_path, arch, hidden, inter, ex
     assert any(v["ctas_per_sm"] and v["split"] > 1
                for g in plan["gemms"] for v in g["variants"] if g["name"] == "gate_up")
     log = nvcc_build(write_emitted(files, "s", tmp_path), tmp_path, arch)
-    stores = {fn: int(n) for fn, n in re.findall(
-        r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log)}
+    stores = spill_stores(log)
     assert len(stores) >= 8, log
     spilled = {fn: n for fn, n in stores.items() if n}
     assert all(re.fullmatch(r"moe_gemm_gate_up_b32_c4_\w+_s\d\w*_o4", fn) and n <= 76
