@@ -67,7 +67,8 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   float mine[PICKS_PER_LANE];              // the logits of this lane's picks
   unsigned lane_key = 0u;                  // redux: the lane's best remaining key and its expert
   int lane_e = E;
-  bool lane_won = false;                   // redux: the lane's expert was the last pick
+  bool lane_won = true;                    // redux: the lane's expert was the last pick (or
+                                           // none was picked yet: every lane searches)
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
     float best;
@@ -75,7 +76,7 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
     if constexpr (ROUTER_REDUX) {
       // The lane's best remaining key and its lowest expert, kept between picks: only the lane
       // that won the last pick searches its logits again.
-      if (k == 0 || lane_won) {
+      if (lane_won) {
         lane_key = 0u;
         lane_e = E;
 #pragma unroll
