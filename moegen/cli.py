@@ -141,13 +141,13 @@ def _run_tuning(args):
     return tuning_for(path)
 
 
-def _moe_tokens(spec, args, default: str | None = MOE_TOKENS) -> str | None:
+def _moe_tokens(spec, args, default: str | None = MOE_TOKENS, rows_option: bool = False):
     """--tokens of a command, or its default; an msd_matmul spec takes none (its rows are
-    msd.m, or bench's --rows)."""
+    msd.m, or, `rows_option`, the command's --rows)."""
     if spec.pipeline == "msd_matmul" and args.tokens is not None:
         raise UsageError(f"--tokens {args.tokens!r}: token counts of a moe_w4a16 spec; an "
                          f"msd_matmul spec runs its msd.m rows ({spec.msd.m}"
-                         f"{'; bench: --rows' if args.func is cmd_bench else ''})")
+                         f"{'; bench: --rows' if rows_option else ''})")
     return default if args.tokens is None else args.tokens
 
 
@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
 def cmd_bench(args) -> int:
     spec = load_spec(args.spec)
     tuning = _run_tuning(args)
-    tokens_text = _moe_tokens(spec, args)
+    tokens_text = _moe_tokens(spec, args, rows_option=True)
     if args.reps < 1:
         raise UsageError(f"--reps {args.reps}: timed repetitions a point, at least 1")
     if spec.pipeline == "msd_matmul":
