@@ -187,7 +187,8 @@ def cmd_bench(args) -> int:
                              "msd_matmul spec")
         rows = (_token_list(args.rows, flag="--rows") if args.rows is not None
                 else [spec.msd.m])
-        _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning)
+        _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning,
+             baseline=not args.no_baseline)
         return 0
     from .targets.cuda.bench import bench_moe, check_experts
     if args.rows is not None:

@@ -200,3 +200,21 @@ def test_graph_capture_replays_with_new_inputs(rng):
     stream.synchronize()
     y = cp.asnumpy(op.out)
     assert rel(y, R.msd_matmul(x2, w, s, 128, 3, accumulate=np.float64)) <= 2e-3
+
+
+def test_bench_msd_rows_json_and_baseline(tmp_path):
+    """`moegen bench` of an msd_matmul spec: a row per M asked for (another M than the spec's
+    among them), each variant timed, the JSON file the rows returned; fp16 cuBLAS timed and
+    printed unless `baseline=False` (`--no-baseline`)."""
+    import json
+    from moegen.targets.cuda.bench import bench_msd
+    spec = {"name": "b", "pipeline": "msd_matmul", "msd": {"m": 4, "n": 1024, "k": 1024, "steps": 2},
+            "quant": {"group_size": 128}, "targets": {"cuda": {"arch": "sm_90a"}}}
+    for baseline, rows in ((False, [1, 4]), (True, [2])):
+        lines, path = [], tmp_path / f"b{int(baseline)}.json"
+        got = bench_msd(spec, str(path), reps=3, rows=rows, log=lines.append, baseline=baseline)
+        assert [r["m"] for r in got] == rows and json.loads(path.read_text()) == got
+        for r in got:
+            assert all(r[f"{v}_us"] > 0 for v in ("basic", "preload", "dequant"))
+            assert ("cublas_fp16_us" in r) == baseline
+        assert all(("fp16 cuBLAS" in line) == baseline for line in lines if " M=" in line)

@@ -278,10 +278,10 @@ def _msd_ops(spec, log, tuning="auto") -> dict:
 
 
 def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int] | None = None,
-              log=print, tuning="auto") -> list[dict]:
+              log=print, tuning="auto", baseline: bool = True) -> list[dict]:
     """Per M in `rows` (default: the spec's): basic, preload (s8 and s4 MMA) and the dequant
-    lowering against the int4 floor and fp16 cuBLAS (PyTorch), in one process on the same
-    inputs."""
+    lowering against the int4 floor and (`baseline`) fp16 cuBLAS (PyTorch), in one process on
+    the same inputs."""
     cp = _cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
@@ -304,17 +304,19 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
                 packed[id(op)] = op.pack(w)
             pw = packed[id(op)]
             row[f"{name}_us"] = time_call(cp, lambda: op(x, pw, scale, schedule=schedule), reps)
-        try:
-            import torch
-            wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
-            xt = torch.from_dlpack(x)
-            row["cublas_fp16_us"] = torch_time(torch, lambda: torch.matmul(xt, wt), reps)
-        except Exception as exc:
-            log(f"(no PyTorch baseline: {exc})")
+        if baseline:
+            try:
+                import torch
+                wt = torch.randn(s.k, s.n, device="cuda", dtype=torch.float16)
+                xt = torch.from_dlpack(x)
+                row["cublas_fp16_us"] = torch_time(torch, lambda: torch.matmul(xt, wt), reps)
+            except Exception as exc:
+                log(f"(no PyTorch baseline: {exc})")
         parts = ", ".join(f"{name} {row[name + '_us']:.1f} us" for name in ops)
+        cublas = (f", fp16 cuBLAS {row['cublas_fp16_us']:.1f} us" if "cublas_fp16_us" in row
+                  else "")
         log(f"{spec.name} M={m} N={s.n} K={s.k}: floor {floor_us:.1f} us, {parts} (preload "
-            f"{100 * floor_us / row['preload_us']:.0f}% of floor), fp16 cuBLAS "
-            f"{row.get('cublas_fp16_us', float('nan')):.1f} us")
+            f"{100 * floor_us / row['preload_us']:.0f}% of floor){cublas}")
         results.append(row)
     if json_path:
         with open(json_path, "w") as f:
