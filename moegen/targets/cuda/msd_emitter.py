@@ -55,7 +55,8 @@ def flag_depths(schedules: list[Schedule]) -> dict[int, int]:
     A unit's k-th wait watches barrier k mod depth for its phase k / depth; that is unambiguous
     while no signaller runs `depth` signals ahead of a waiter. In these schedules a signaller runs
     ahead by its initial signals plus at most one more step (each step signals a flag once and
-    every unit meets the others once per step); tests check the bound by random interleavings."""
+    every unit meets the others once per step), the merge being at most one step behind the
+    unfold; a test checks the bound over every interleaving of the units' programs."""
     depth: dict[int, int] = {}
     for sched in schedules:
         for fid in sched.flags:
