@@ -53,10 +53,12 @@ def flag_depths(schedules: list[Schedule]) -> dict[int, int]:
     """mbarriers per flag: the signals a unit gives before its first wait, plus two.
 
     A unit's k-th wait watches barrier k mod depth for its phase k / depth; that is unambiguous
-    while no signaller runs `depth` signals ahead of a waiter. In these schedules a signaller runs
-    ahead by its initial signals plus at most one more step (each step signals a flag once and
-    every unit meets the others once per step), the merge being at most one step behind the
-    unfold; a test checks the bound over every interleaving of the units' programs."""
+    while no signaller runs more than `depth` signals ahead of a waiter's completed waits (one
+    more completes the barrier's next phase too, and the wait sees its own parity again). In
+    these schedules a signaller runs ahead by its initial signals plus at most one more step
+    (each step signals a flag once and every unit meets the others once per step), the merge
+    being at most one step behind the unfold; a test checks the bound over every interleaving
+    of the units' programs."""
     depth: dict[int, int] = {}
     for sched in schedules:
         for fid in sched.flags:
