@@ -176,6 +176,17 @@ def spill_stores(log: str) -> dict:
         r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log)}
 
 
+def cuda_moe_spec(name, hidden, inter, experts, top_k, renormalize=None):
+    """A moe_w4a16 spec for the CUDA target's default arch (renormalize: the spec's default
+    unless given)."""
+    moe = {"hidden_size": hidden, "intermediate_size": inter, "num_experts": experts,
+           "top_k": top_k}
+    if renormalize is not None:
+        moe["renormalize"] = renormalize
+    return moegen.load_spec({"name": name, "pipeline": "moe_w4a16", "moe": moe,
+                             "targets": {"cuda": {}}})
+
+
 def write_emitted(files: dict, stem: str, out_dir) -> object:
     """The .cu of `files` (as `emit` returns them) and its header into out_dir; the .cu path."""
     (out_dir / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
@@ -204,11 +215,7 @@ def test_nvcc_compiles_the_largest_expert_count(tmp_path, arch, experts, top_k, 
     """E = 512 (the spec's limit): every kernel without spills; top-k 40 unnormalized (two picks
     a lane): the router and align kernels without spills; align's shared memory (< 48 KB
     static)."""
-    spec = moegen.load_spec({"name": "e", "pipeline": "moe_w4a16",
-                             "moe": {"hidden_size": 1024, "intermediate_size": 256,
-                                     "num_experts": experts, "top_k": top_k,
-                                     "renormalize": top_k <= 32},
-                             "targets": {"cuda": {}}})
+    spec = cuda_moe_spec("e", 1024, 256, experts, top_k, renormalize=top_k <= 32)
     log = nvcc_build(write_emitted(emit(spec, "cuda"), "e", tmp_path), tmp_path, arch,
                      werror=False)
     stores = spill_stores(log)
@@ -231,11 +238,7 @@ def test_nvcc_compiles_small_models_split_wide(tmp_path, arch, hidden, inter, ex
     split gate/up kernel may spill, at most 76 bytes (its split sums unrolled over the splits:
     measured faster on the H200 than the form that does not spill); the mma.sync wide CTA's
     short K loops, once unrolled whole, spilled 100-180 bytes in the down GEMM."""
-    spec = moegen.load_spec({"name": "s", "pipeline": "moe_w4a16",
-                             "moe": {"hidden_size": hidden, "intermediate_size": inter,
-                                     "num_experts": experts, "top_k": top_k,
-                                     "renormalize": top_k <= 32},
-                             "targets": {"cuda": {}}})
+    spec = cuda_moe_spec("s", hidden, inter, experts, top_k, renormalize=top_k <= 32)
     files = emit(spec, "cuda")
     plan = json.loads(files["s.launch.json"])
     assert any(v["ctas_per_sm"] and v["split"] > 1
@@ -515,9 +518,7 @@ def test_one_token_routed_in_the_gemms_plan():
         assert not plan["gemm_route"] and "_routed" not in files["qwen3-30b-a3b.cu"]
         assert not any(v["route_kernel"] for g in plan["gemms"] for v in g["variants"])
         assert plan["kernels"][0]["when"] == "router logits given, T = 1..16"
-    wide = moegen.load_spec({"name": "k40", "pipeline": "moe_w4a16", "targets": {"cuda": {}},
-                             "moe": {"hidden_size": 256, "intermediate_size": 128,
-                                     "num_experts": 64, "top_k": 40}})
+    wide = cuda_moe_spec("k40", 256, 128, 64, 40)
     plan = json.loads(emit(wide, "cuda")["k40.launch.json"])
     assert not plan["gemm_route"]
     with pytest.raises(PipelineError, match=r"route-in-gemm=1.*top_k 40 must be <= 32"):
@@ -529,9 +530,7 @@ def test_one_token_routed_in_the_gemms_plan():
     assert "gemm_route = false" in ir
     # where the routing would cost the first bucket's rings stages (top-k 16, blocks of 16: 8
     # stages would be 4), off unless asked for, and then at the fewer stages
-    k16 = moegen.load_spec({"name": "k16", "pipeline": "moe_w4a16", "targets": {"cuda": {}},
-                            "moe": {"hidden_size": 1024, "intermediate_size": 512,
-                                    "num_experts": 64, "top_k": 16}})
+    k16 = cuda_moe_spec("k16", 1024, 512, 64, 16)
     for asked, route, stages in (("", False, 8), (",route-in-gemm=1", True, 4)):
         files = emit(k16, "cuda", f"fuse-align,fuse-swiglu,tile{{moe-block=16{asked}}},alloc")
         plan = json.loads(files["k16.launch.json"])
