@@ -1,5 +1,6 @@
 """The CUDA MSD kernels render the schedule pass's action lists (CPU checks)."""
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -84,7 +85,6 @@ def test_check_fails_on_corrupted_kernels(old, new):
 
 
 def test_launch_plan_lists_both_templates():
-    import json
     plan = json.loads(emit(SEED, "cuda")["msd-seed.launch.json"])
     names = [k["name"] for k in plan["kernels"]]
     assert names == ["msd_matmul_basic", "msd_matmul_preload"]
@@ -116,7 +116,6 @@ def test_unsupported_msd_specs_fail_clearly():
 
 
 def test_dequant_lowering_emits_the_dense_gemm():
-    import json
     spec = dataclasses.replace(SEED, lowering="dequant")
     files = emit(spec, "cuda")
     source = files["msd-seed.cu"]
@@ -180,16 +179,61 @@ def max_leads(sched, iterations=12):
 def test_mbarrier_rings_are_deep_enough():
     """The k-th wait of a flag watches barrier k mod depth for its phase k / depth: no
     signaller may run more than depth signals ahead of a waiter, in any interleaving. The
-    preload schedule reaches the bound on some flag, so a ring one shallower would fail."""
-    from moegen.targets.cuda.msd_emitter import flag_depths
+    preload schedule reaches the bound on some flag, so a ring one shallower would fail. Every
+    flag but the meetings (named barriers) has a ring."""
+    from moegen.targets.cuda.msd_emitter import flag_depths, meeting_flags
     scheds = schedules()
     depth = flag_depths(list(scheds.values()))
+    assert set(depth) == set(scheds["basic"].flags) - meeting_flags(list(scheds.values()))
     for mode, sched in scheds.items():
-        leads = max_leads(sched)
+        leads = {f: lead for f, lead in max_leads(sched).items() if f in depth}
         for f, lead in leads.items():
             assert lead <= depth[f], (mode, sched.flags[f].name, lead, depth[f])
         if mode == "preload":
             assert any(lead == depth[f] for f, lead in leads.items()), leads
+
+
+def test_rings_start_on_a_128_byte_line():
+    """The dynamic shared memory is declared 128-byte aligned and the mbarriers fill whole
+    128-byte lines, so the rings start on a line whatever the flags (16 bytes off a 32-byte
+    boundary measured 10-20% slower at M = 1). The plan's bytes count the lines."""
+    from moegen.passes.tile import msd_shared_bytes
+    source = emit(SEED, "cuda")["msd-seed.cu"]
+    assert source.count("extern __shared__ __align__(128) unsigned char smem[];") == 2
+    assert "sh.bars = reinterpret_cast<unsigned long long*>(smem);" in source
+    assert "constexpr int BARRIER_WORDS = (BARRIERS + 15) / 16 * 16;" in source
+    assert "sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);" in source
+    plan = json.loads(emit(SEED, "cuda")["msd-seed.launch.json"])
+    barriers = int(re.search(r"constexpr int BARRIERS = (\d+);", source).group(1))
+    for k in plan["kernels"]:
+        rings = msd_shared_bytes(1, 128, 3, plan["tile"], k["slots"], 0)
+        assert k["shared_bytes"] - rings == -(-8 * barriers // 128) * 128 == 128
+
+
+def test_meetings_are_named_barriers_of_their_unit():
+    """A flag its unit waits for right after each signal, in every schedule, is a meeting of
+    that unit's warps: the barrier after unfold (flag 3) in the seed's schedules. The matrix
+    unit's flag 7 is one in basic only (preload signals it ahead and waits before the signal),
+    so it stays a ring. The kernel keeps the meeting on the unit's named barrier, with no
+    mbarriers for it, and the read-back action lists are still the schedule's."""
+    from moegen.targets.cuda.msd_emitter import meeting_flags
+    scheds = schedules()
+    assert meeting_flags(list(scheds.values())) == {3}
+    assert meeting_flags([scheds["basic"]]) == {3, 7}
+    source = emit(SEED, "cuda")["msd-seed.cu"]
+    wait = source[source.index("void wait(const Shared& sh"):]
+    wait = wait[:wait.index("\n}\n")]
+    assert ("if (flag == SYNC_AIV_ONLY_A_UNFOLD_FLAG) {\n"
+            "    moegen::named_barrier_sync<1, VEC_THREADS>();") in wait
+    assert wait.count("named_barrier_sync") == 1
+    assert "return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG || false;" in source
+    assert "constexpr int BARRIERS = 11;" in source       # 13 with flag 3's ring of 2
+    plan = json.loads(emit(SEED, "cuda")["msd-seed.launch.json"])
+    for k in plan["kernels"]:
+        assert k["flag_meetings"] == {"SYNC_AIV_ONLY_A_UNFOLD_FLAG": {"unit": "vec",
+                                                                      "named_barrier": 1}}
+        assert "SYNC_AIV_ONLY_A_UNFOLD_FLAG" not in k["flag_depths"]
+    assert check(source, scheds) == []
 
 
 def test_columns_per_cta_halve_where_shared_memory_would_overflow():
@@ -197,7 +241,6 @@ def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     pass halves the columns (and the matrix warps with them), at 64 columns cuts the weight ring
     to 2 stages first; asking for 64 columns with 4 stages by hand is refused with the bytes it
     would need."""
-    import json
     from moegen.passes.manager import PipelineError
     from moegen.passes.tile import SHARED_OPT_IN
     big = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=64, n=4096, k=4096))

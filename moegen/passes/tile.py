@@ -493,19 +493,24 @@ def msd_x_stages(m: int, group: int, vec_warps: int) -> int:
 
 MSD_MAX_SLOTS = {"a_max": 2, "a_unfold": 3, "y_int": 2}   # the preload schedule's (basic: 1 each)
 MSD_MAX_BARRIERS = 16            # mbarriers of the flag rings, at most, in these schedules
+# the CUDA MSD kernel's mbarriers take whole 128-byte lines of shared memory: the rings after
+# them start on a line, as the dynamic area does
+MSD_SHARED_LINE = 128
 
 
 def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
                      barriers: int) -> int:
-    """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): mbarriers
-    (padded to 16 bytes), the weight, activation and scale rings, and per slot the unfolded A (int8
-    fragments for the s8 MMA, padded int4 rows for s4), int32 Y (rows padded by 8 words),
-    A_max and (s4, whose MMA takes the offset-binary weights) the slice sums."""
+    """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): the
+    mbarriers (padded to whole 128-byte lines), the weight, activation and scale rings, and per
+    slot the unfolded A (int8 fragments for the s8 MMA, padded int4 rows for s4), int32 Y (rows
+    padded by 8 words), A_max and (s4, whose MMA takes the offset-binary weights) the slice
+    sums."""
     rows = steps * m
     mt = -(-rows // 16)
     bn = tile["block_n"]
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
-    return (8 * (barriers + barriers % 2)
+    line = MSD_SHARED_LINE
+    return (-(-8 * barriers // line) * line
             + tile["w_stages"] * (bn // 8) * (group // 64) * 32 * 8
             + tile["vec_warps"] * tile["x_stages"] * -(-m // tile["vec_warps"]) * group * 2
             + (tile["x_stages"] + 1) * bn * 2

@@ -331,12 +331,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The THREADS threads (whole warps) that reach named barrier ID meet there, and their
+// shared-memory writes before it are seen by all of them after it. The operands are constants:
+// an ID in a register would make ptxas reserve all 16 of the CTA's barriers.
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+
 // The threads of a CTA that call last_to_arrive meet: all of them (THREADS = 0), or the first
 // THREADS, on named barrier 1, while the other warps are elsewhere.
 template <int THREADS>
 __device__ __forceinline__ void arrival_sync() {
   if constexpr (THREADS == 0) __syncthreads();
-  else asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+  else named_barrier_sync<1, THREADS>();
 }
 
 // Every CTA of a group calls this once its global writes are done: true in the last one to

@@ -16,12 +16,13 @@
 // power of two: the same fp32 results as dividing the plain sums).
 // The units meet through the schedule's flags, exactly where its action lists say: each flag is a
 // ring of mbarriers (the k-th signal of a unit arrives on barrier k mod depth, the k-th wait waits
-// for that barrier's phase k / depth), scoped to the CTA. A_max, the unfolded A and Y rotate over
-// the slots the schedule derived. Global loads stay off the flags: the matrix warps stream the
-// weights through a cp.async ring 3 groups deep, the vector warps their activation rows through one
-// 4 groups deep and the scales of their merge columns along with them (so no step waits on a global
-// load). Each CTA unfolds the (tiny) activations itself, so the schedule's all-core flags stay
-// inside the CTA.
+// for that barrier's phase k / depth), scoped to the CTA, or, where a unit waits for each of its
+// own signals at once (a meeting of its warps), a named barrier of that unit's warps. A_max, the
+// unfolded A and Y rotate over the slots the schedule derived. Global loads stay off the flags: the
+// matrix warps stream the weights through a cp.async ring 3 groups deep, the vector warps their
+// activation rows through one 4 groups deep and the scales of their merge columns along with them
+// (so no step waits on a global load). Each CTA unfolds the (tiny) activations itself, so the
+// schedule's all-core flags stay inside the CTA.
 #include "moegen_w4a16.cuh"
 
 namespace msd {
@@ -79,8 +80,10 @@ __constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
 __constant__ float INV_DIVISORS[3] = {
     0.008344459347426891f, 0.000557039980776608f, 3.718558218679391e-05f };
 
-// flags of the schedule: index, mbarrier ring depth, and who signals them
-// id 3, mode 0: vec -> vec, depth 2
+// flags of the schedule: index, who signals them, and how they are kept: a ring of mbarriers
+// (its depth), or a named barrier where the flag is a meeting of one unit's warps (each signal
+// followed at once by its wait)
+// id 3, mode 0: vec -> vec, a meeting: named barrier 1
 constexpr int SYNC_AIV_ONLY_A_UNFOLD_FLAG = 0;
 // id 6, mode 0: vec -> vec, depth 4
 constexpr int SYNC_AIV_ONLY_AMAX_FLAG = 1;
@@ -91,26 +94,28 @@ constexpr int SYNC_AIV_AIC_FLAG = 3;
 // id 9, mode 2: cube -> vec, depth 2
 constexpr int SYNC_AIC_AIV_FLAG = 4;
 constexpr int FLAGS = 5;
-// each flag's ring depth and first barrier, folded into the signal and wait of a known flag
+// each ring's depth and first barrier, folded into the signal and wait of a known flag
 __device__ constexpr int flag_depth(int f) {
-  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 2
-         : f == SYNC_AIV_ONLY_AMAX_FLAG ? 4
+  return f == SYNC_AIV_ONLY_AMAX_FLAG ? 4
          : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 3
          : f == SYNC_AIV_AIC_FLAG ? 2
          : f == SYNC_AIC_AIV_FLAG ? 2
          : 1;
 }
 __device__ constexpr int flag_first(int f) {
-  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG ? 0
-         : f == SYNC_AIV_ONLY_AMAX_FLAG ? 2
-         : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 6
-         : f == SYNC_AIV_AIC_FLAG ? 9
-         : f == SYNC_AIC_AIV_FLAG ? 11
+  return f == SYNC_AIV_ONLY_AMAX_FLAG ? 0
+         : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 4
+         : f == SYNC_AIV_AIC_FLAG ? 7
+         : f == SYNC_AIC_AIV_FLAG ? 9
          : 0;
 }
-constexpr int BARRIERS = 13;
-// 8-byte words: what follows is 16-byte aligned
-constexpr int BARRIER_WORDS = (BARRIERS + 1) / 2 * 2;
+__device__ constexpr bool flag_is_meeting(int f) {
+  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG || false;
+}
+constexpr int BARRIERS = 11;
+// 8-byte words, to the end of a 128-byte line: the rings start on the next line
+constexpr int BARRIER_WORDS = (BARRIERS + 15) / 16 * 16;
+static_assert(BARRIER_WORDS * 8 % 128 == 0, "whole 128-byte lines of mbarriers");
 static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
               VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
               BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
@@ -127,13 +132,19 @@ struct Shared {
   half* sring;
 };
 
-// the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released)
+// the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released);
+// a meeting's signal is the barrier of the wait that follows it
 __device__ __forceinline__ void signal(const Shared& sh, int flag, int n) {
+  if (flag_is_meeting(flag)) return;
   moegen::mbar_arrive(&sh.bars[flag_first(flag) + n % flag_depth(flag)]);
 }
 
 // the unit's n-th wait of a flag returns once every signalling thread has signalled n + 1 times
 __device__ __forceinline__ void wait(const Shared& sh, int flag, int n) {
+  if (flag == SYNC_AIV_ONLY_A_UNFOLD_FLAG) {
+    moegen::named_barrier_sync<1, VEC_THREADS>();
+    return;
+  }
   moegen::mbar_wait(&sh.bars[flag_first(flag) + n % flag_depth(flag)], (n / flag_depth(flag)) & 1);
 }
 
@@ -411,7 +422,9 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1;
   constexpr int SLOTS_Y = 1;
-  extern __shared__ __align__(16) unsigned char smem[];
+  // the mbarriers and rings start on a 128-byte line: rings 16 bytes off a 32-byte boundary
+  // measured 10-20% slower at M = 1 (docs/PERF.md)
+  extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
@@ -425,16 +438,14 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     sh.unfold[i] = 0;
   // each barrier counts the threads of its flag's signaller
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
     for (int i = 0; i < 4; ++i)
-      moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
     for (int i = 0; i < 3; ++i)
-      moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+      moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
     for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+      moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
     for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+      moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -509,7 +520,9 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3;
   constexpr int SLOTS_Y = 2;
-  extern __shared__ __align__(16) unsigned char smem[];
+  // the mbarriers and rings start on a 128-byte line: rings 16 bytes off a 32-byte boundary
+  // measured 10-20% slower at M = 1 (docs/PERF.md)
+  extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
@@ -523,16 +536,14 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     sh.unfold[i] = 0;
   // each barrier counts the threads of its flag's signaller
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
     for (int i = 0; i < 4; ++i)
-      moegen::mbar_init(&sh.bars[2 + i], VEC_THREADS);
+      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
     for (int i = 0; i < 3; ++i)
-      moegen::mbar_init(&sh.bars[6 + i], CUBE_THREADS);
+      moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
     for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[9 + i], VEC_THREADS);
+      moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
     for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[11 + i], CUBE_THREADS);
+      moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;

@@ -2,8 +2,9 @@
 
 `lowering: msd`: one kernel per schedule (basic, preload). The kernel body of each schedule is its
 action lists rendered as they are: each flag becomes a ring of mbarriers in shared memory (scoped
-to the CTA, whose vector warps and MMA warps play the units of one core), stages become
-calls with their iteration offset, rotating buffers take the derived slot counts.
+to the CTA, whose vector warps and MMA warps play the units of one core), or, where the flag is
+a meeting of one unit's warps, a named barrier of them; stages become calls with their
+iteration offset, rotating buffers take the derived slot counts.
 `lowering: dequant`: the MoE layer's W4A16 GEMM (int4 -> fp16 in registers, fp16 MMA) on the
 dense matrix, for comparison on the same GPU.
 """
@@ -49,8 +50,35 @@ def _program(sched: Schedule, kind: str) -> dict:
             "drain": [line for a in p.drain for line in statement(sched, a)]}
 
 
+# named barrier of a unit's warps, for the flags that are meetings of that unit (0 is
+# __syncthreads'; the vector warps' 1 is also where they meet in the K split's sum)
+MEETING_BARRIER = {VEC: 1, CUBE: 2}
+
+
+def meeting_flags(schedules: list[Schedule]) -> set[int]:
+    """Flags that are, in every schedule, a meeting of one unit's warps: set and waited for by
+    the same unit, never before or after the step loop, each signal followed at once by its
+    wait. Every thread of the unit signals and then waits for all the others: a barrier of the
+    unit's warps, which the kernel keeps as a named barrier instead of a ring of mbarriers."""
+    meetings = set(schedules[0].flags)
+    for sched in schedules:
+        for fid, f in sched.flags.items():
+            p = sched.programs[f.setter]
+            uses = [i for i, a in enumerate(p.step) if a.op != "stage" and a.flag == fid]
+            pairs = uses and len(uses) % 2 == 0 and all(
+                p.step[i].op == "signal" and j == i + 1 and p.step[j].op == "wait"
+                and p.step[j].offset == p.step[i].offset for i, j in zip(uses[::2], uses[1::2]))
+            elsewhere = any(a.op != "stage" and a.flag == fid
+                            for kind, q in sched.programs.items()
+                            for a in q.init + q.drain + (q.step if kind != f.setter else []))
+            if f.setter != f.waiter or not pairs or elsewhere:
+                meetings.discard(fid)
+    return meetings
+
+
 def flag_depths(schedules: list[Schedule]) -> dict[int, int]:
-    """mbarriers per flag: the signals a unit gives before its first wait, plus two.
+    """mbarriers per flag that is not a meeting (`meeting_flags`): the signals a unit gives
+    before its first wait, plus two.
 
     A unit's k-th wait watches barrier k mod depth for its phase k / depth; that is unambiguous
     while no signaller runs more than `depth` signals ahead of a waiter's completed waits (one
@@ -60,8 +88,11 @@ def flag_depths(schedules: list[Schedule]) -> dict[int, int]:
     being at most one step behind the unfold; a test checks the bound over every interleaving
     of the units' programs."""
     depth: dict[int, int] = {}
+    meetings = meeting_flags(schedules)
     for sched in schedules:
         for fid in sched.flags:
+            if fid in meetings:
+                continue
             early = max(sum(1 for a in p.init if a.op == "signal" and a.flag == fid)
                         for p in sched.programs.values())
             depth[fid] = max(depth.get(fid, 0), early + 2)
@@ -101,9 +132,11 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
     depth = flag_depths(schedules)
     flags, first = [], 0
     for f in sorted(schedules[0].flags.values(), key=lambda f: f.id):
+        ring = f.id in depth
         flags.append({"name": f.name, "id": f.id, "mode": f.mode, "setter": f.setter,
-                      "waiter": f.waiter, "depth": depth[f.id], "first": first})
-        first += depth[f.id]
+                      "waiter": f.waiter, "depth": depth.get(f.id, 0), "first": first,
+                      "meeting": 0 if ring else MEETING_BARRIER[f.setter]})
+        first += depth.get(f.id, 0)
     factors = DEFAULT_FACTORS[:s.steps]
     block_n = tile["block_n"]
     source = render(
@@ -136,7 +169,10 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "kernels": [{"name": f"msd_matmul_{x.mode}",
                      "grid": [-(-s.n // block_n), tile["split_k"], 1],
                      "block": 32 * (tile["vec_warps"] + tile["cube_warps"]), "shared_bytes": smem(x), "slots": x.slots,
-                     "flag_depths": {f["name"]: f["depth"] for f in flags},
+                     "flag_depths": {f["name"]: f["depth"] for f in flags if not f["meeting"]},
+                     "flag_meetings": {f["name"]: {"unit": f["setter"],
+                                                   "named_barrier": f["meeting"]}
+                                       for f in flags if f["meeting"]},
                      "actions": {kind: {"init": [str(a) for a in p.init],
                                         "step": [[a.offset, str(a)] for a in p.step],
                                         "drain": [str(a) for a in p.drain]}
