@@ -409,7 +409,8 @@ def test_msd_warp_layout_follows_the_rows():
     # the occupancy as an option, and bounded by shared memory and by 80 registers a thread
     t = msd_tile(1, "tile{occupancy=0,stages=4},schedule,alloc")
     assert (t["split_k"], t["occupancy"], t["w_stages"]) == (4, 0, 4)
-    assert msd_tile(1, "tile{stages=4},schedule,alloc")["occupancy"] == 5     # 45.6 KB each
+    # 45.6 KB each, 46.8 KB with the reserved 1 KB and the static line: 4 in 228 KB, not 5
+    assert msd_tile(1, "tile{stages=4},schedule,alloc")["occupancy"] == 4
     assert msd_tile(1, "tile{block-n=256},schedule,alloc")["occupancy"] == 3  # 66 KB each
     t = msd_tile(4, "tile{block-n=64,cube-warps=1,occupancy=8},schedule,alloc")
     assert t["occupancy"] == 5                                      # 160 threads x 80 registers

@@ -551,10 +551,13 @@ def msd_warp_layout(m: int) -> dict:
 
 def msd_occupancy(wanted: int, threads: int, shared_bytes: int) -> int:
     """CTAs an SM the MSD kernel is built for: `wanted` (0: no register cap), at most what the
-    shared memory holds and what leaves a thread MSD_MIN_REGISTERS registers."""
+    shared memory holds and what leaves a thread MSD_MIN_REGISTERS registers. A CTA holds its
+    `shared_bytes` of dynamic shared memory after a line of static (the K split's flag: the
+    dynamic area starts on the next 128-byte line), in 128-byte units."""
     if not wanted:
         return 0
-    by_shared = SM_SHARED_BYTES // (shared_bytes + CTA_RESERVED_SHARED)
+    cta = align_up(CTA_RESERVED_SHARED + MSD_SHARED_LINE + shared_bytes, MSD_SHARED_LINE)
+    by_shared = SM_SHARED_BYTES // cta
     by_registers = SM_REGISTERS // (threads * MSD_MIN_REGISTERS)
     return max(1, min(wanted, by_shared, by_registers))
 
