@@ -489,7 +489,10 @@ __device__ __forceinline__ void grouped_gemm(
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
-  __shared__ __align__(16) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
+  // every stage on a 128-byte line (a ring 16 bytes off a 32-byte boundary measured 10-20%
+  // slower in the MSD kernel: docs/PERF.md)
+  static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
+  __shared__ __align__(128) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
   __shared__ int last_cta;
   float(*red)[64] = reinterpret_cast<float(*)[64]>(smem);   // after the K loop
 
@@ -1012,12 +1015,13 @@ __device__ __forceinline__ void grouped_gemm_wide(
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
   constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW;
   constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   // (DYNAMIC_SHARED: the launch gives the larger of the two as dynamic shared memory)
-  __shared__ __align__(16) unsigned char
+  __shared__ __align__(128) unsigned char
       static_shared[DYNAMIC_SHARED ? 16 : RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
   unsigned char* smem = DYNAMIC_SHARED ? dynamic_shared : static_shared;
 
