@@ -109,13 +109,9 @@ __device__ constexpr int flag_first(int f) {
          : f == SYNC_AIC_AIV_FLAG ? 9
          : 0;
 }
-__device__ constexpr bool flag_is_meeting(int f) {
-  return f == SYNC_AIV_ONLY_A_UNFOLD_FLAG || false;
-}
 constexpr int BARRIERS = 11;
 // 8-byte words, to the end of a 128-byte line: the rings start on the next line
 constexpr int BARRIER_WORDS = (BARRIERS + 15) / 16 * 16;
-static_assert(BARRIER_WORDS * 8 % 128 == 0, "whole 128-byte lines of mbarriers");
 static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
               VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
               BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
@@ -135,7 +131,7 @@ struct Shared {
 // the unit's n-th signal of a flag: every thread of the unit arrives (its writes are released);
 // a meeting's signal is the barrier of the wait that follows it
 __device__ __forceinline__ void signal(const Shared& sh, int flag, int n) {
-  if (flag_is_meeting(flag)) return;
+  if (flag == SYNC_AIV_ONLY_A_UNFOLD_FLAG) return;
   moegen::mbar_arrive(&sh.bars[flag_first(flag) + n % flag_depth(flag)]);
 }
 
