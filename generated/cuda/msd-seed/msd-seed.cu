@@ -418,8 +418,9 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1;
   constexpr int SLOTS_Y = 1;
-  // the mbarriers and rings start on a 128-byte line: rings 16 bytes off a 32-byte boundary
-  // measured 10-20% slower at M = 1 (docs/PERF.md)
+  // the mbarriers fill whole 128-byte lines, so the weight ring after them starts on a line: 16
+  // bytes off a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not
+  // move the time; docs/PERF.md)
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
@@ -516,8 +517,9 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3;
   constexpr int SLOTS_Y = 2;
-  // the mbarriers and rings start on a 128-byte line: rings 16 bytes off a 32-byte boundary
-  // measured 10-20% slower at M = 1 (docs/PERF.md)
+  // the mbarriers fill whole 128-byte lines, so the weight ring after them starts on a line: 16
+  // bytes off a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not
+  // move the time; docs/PERF.md)
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
