@@ -509,8 +509,7 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     mt = -(-rows // 16)
     bn = tile["block_n"]
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
-    line = MSD_SHARED_LINE
-    return (-(-8 * barriers // line) * line
+    return (align_up(8 * barriers, MSD_SHARED_LINE)
             + tile["w_stages"] * (bn // 8) * (group // 64) * 32 * 8
             + tile["vec_warps"] * tile["x_stages"] * -(-m // tile["vec_warps"]) * group * 2
             + (tile["x_stages"] + 1) * bn * 2
