@@ -350,19 +350,25 @@ __device__ __forceinline__ void arrival_sync() {
 // Every CTA of a group calls this once its global writes are done: true in the last one to
 // arrive, which then sees all of them; the counter is reset for the next call. `flag`: a
 // __shared__ int of the CTA. THREADS: as arrival_sync (thread 0 among them).
+// The CTA's threads meet, then thread 0 alone counts with an acquire-release atomic at GPU
+// scope: the release covers the writes the meeting ordered before it, and in the last CTA the
+// acquire (passed on to the other threads by the second meeting) covers every other CTA's. A
+// fence in every thread before the count instead (membar.gl) cost the MSD matmul 2 us at M = 1
+// (docs/PERF.md).
 template <int THREADS = 0>
 __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& flag) {
-  __threadfence();                         // this CTA's writes are visible before it counts
   arrival_sync<THREADS>();
   if (threadIdx.x == 0) {
-    const int done = atomicAdd(counter, 1);
+    int done;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+                 : "=r"(done)
+                 : "l"(counter)
+                 : "memory");
     flag = done == arrivals - 1;
     if (flag) *counter = 0;                // ready for the next call
   }
   arrival_sync<THREADS>();
-  if (!flag) return false;
-  __threadfence();
-  return true;
+  return flag;
 }
 
 // sum_out[t, col .. col + 7] = sum over k of rows[t * TOPK + k, same columns], in fp32 in k
