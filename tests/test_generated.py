@@ -277,6 +277,17 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
     assert_no_spills(nvcc_build(src, tmp_path, arch))
 
 
+def example_ptx(tmp_path, example: str) -> str:
+    """The PTX of an example spec's CUDA source, for sm_90a."""
+    spec = moegen.load_spec(ROOT / "examples" / f"{example}.yaml")
+    src = write_emitted(emit(spec, "cuda"), example, tmp_path)
+    ptx_path = tmp_path / "k.ptx"
+    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o", str(ptx_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return ptx_path.read_text()
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("example, least", [("msd-seed", 2), ("mixtral-8x7b", 4)])
 def test_hinted_copies_take_an_or_ed_shared_address(tmp_path, example, least):
@@ -284,13 +295,7 @@ def test_hinted_copies_take_an_or_ed_shared_address(tmp_path, example, least):
     address from an `or.b32` (the address OR-ed with a zero ptxas cannot prove uniform): ptxas
     then cannot split it into a register plus a uniform register, the form it builds wrongly for
     hinted copies on sm_90. The wide prefill CTA's copies carry no hint."""
-    spec = moegen.load_spec(ROOT / "examples" / f"{example}.yaml")
-    src = write_emitted(emit(spec, "cuda"), example, tmp_path)
-    ptx_path = tmp_path / "k.ptx"
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o", str(ptx_path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    ptx = ptx_path.read_text()
+    ptx = example_ptx(tmp_path, example)
     hinted = re.findall(r"cp\.async\.cg\.shared\.global\.L2::cache_hint \[(%r\d+)\]", ptx)
     assert len(hinted) >= least, f"{example}: the weight copies carry no L2 policy"
     for reg in hinted:
@@ -301,6 +306,20 @@ def ptx_entries(ptx: str) -> dict[str, str]:
     """PTX text per kernel entry (its name -> its body)."""
     parts = re.split(r"\.visible \.entry (\w+)\(", ptx)
     return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("example, least", [("msd-seed", 2), ("mixtral-8x7b", 4)])
+def test_split_counts_are_one_acquire_release_atomic(tmp_path, example, least):
+    """Where the CTAs of a split count their arrivals (the MSD matmul's split, the K-split
+    GEMMs, the fused top-k sum), thread 0 counts with `atom.acq_rel.gpu` after the CTA meets;
+    no kernel fences at GPU scope (`membar.gl` or `fence.sc`/`fence.acq_rel`), which in every
+    thread cost the MSD matmul 0.4 us at M = 1 (docs/PERF.md)."""
+    ptx = example_ptx(tmp_path, example)
+    counting = [name for name, body in ptx_entries(ptx).items()
+                if "atom.acq_rel.gpu.global.add" in body]
+    assert len(counting) >= least, f"{example}: {counting}"
+    assert not re.search(r"\bmembar\.gl\b|\bfence\.(sc|acq_rel)\.gpu\b", ptx)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
