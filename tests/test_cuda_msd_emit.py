@@ -200,9 +200,11 @@ def test_rings_start_on_a_128_byte_line():
     from moegen.passes.tile import msd_shared_bytes
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
-    assert source.count("extern __shared__ __align__(128) unsigned char smem[];") == 2
+    assert "constexpr int LINE_BYTES = 128;" in source
+    assert source.count("extern __shared__ __align__(LINE_BYTES) unsigned char smem[];") == 2
     assert "sh.bars = reinterpret_cast<unsigned long long*>(smem);" in source
-    assert "constexpr int BARRIER_WORDS = (BARRIERS + 15) / 16 * 16;" in source
+    assert ("constexpr int BARRIER_WORDS = (BARRIERS * 8 + LINE_BYTES - 1) / LINE_BYTES * "
+            "LINE_BYTES / 8;") in source
     assert "sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);" in source
     plan = json.loads(files["msd-seed.launch.json"])
     barriers = int(re.search(r"constexpr int BARRIERS = (\d+);", source).group(1))

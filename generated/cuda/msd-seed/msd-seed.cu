@@ -110,8 +110,9 @@ __device__ constexpr int flag_first(int f) {
          : 0;
 }
 constexpr int BARRIERS = 11;
-// 8-byte words, to the end of a 128-byte line: the rings start on the next line
-constexpr int BARRIER_WORDS = (BARRIERS + 15) / 16 * 16;
+// shared memory's lines: the mbarriers fill whole lines, so the rings start on one
+constexpr int LINE_BYTES = 128;
+constexpr int BARRIER_WORDS = (BARRIERS * 8 + LINE_BYTES - 1) / LINE_BYTES * LINE_BYTES / 8;
 static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
               VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
               BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
@@ -418,10 +419,10 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1;
   constexpr int SLOTS_Y = 1;
-  // the mbarriers fill whole 128-byte lines, so the weight ring after them starts on a line: 16
-  // bytes off a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not
-  // move the time; docs/PERF.md)
-  extern __shared__ __align__(128) unsigned char smem[];
+  // the mbarriers fill whole lines, so the weight ring after them starts on a line: 16 bytes off
+  // a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not move the
+  // time; docs/PERF.md)
+  extern __shared__ __align__(LINE_BYTES) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
@@ -517,10 +518,10 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3;
   constexpr int SLOTS_Y = 2;
-  // the mbarriers fill whole 128-byte lines, so the weight ring after them starts on a line: 16
-  // bytes off a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not
-  // move the time; docs/PERF.md)
-  extern __shared__ __align__(128) unsigned char smem[];
+  // the mbarriers fill whole lines, so the weight ring after them starts on a line: 16 bytes off
+  // a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not move the
+  // time; docs/PERF.md)
+  extern __shared__ __align__(LINE_BYTES) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
   sh.wring = reinterpret_cast<uint2*>(sh.bars + BARRIER_WORDS);
