@@ -365,7 +365,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="time the layer on the GPU against its memory floor",
                        description="Per token count: median time (CUDA graph replay, L2 "
-                                   "flushed), the int4 memory floor, % of floor, PyTorch bf16.")
+                                   "flushed), the int4 memory floor, % of floor, a bare read of "
+                                   "the same bytes timed the same way, PyTorch bf16.")
     s.add_argument("spec")
     s.add_argument("--tokens", help=f"moe_w4a16 specs: token counts (default {MOE_TOKENS})")
     s.add_argument("--rows", metavar="M,...", help="msd_matmul specs: the M values to time "

@@ -290,8 +290,9 @@ def test_bench_routes_among_the_first_experts():
         rows = bench_moe(spec, [1, 32, 64], reps=3, baseline=False, log=lines.append,
                          experts=experts)
         assert [r["experts"] for r in rows] == want
-        assert all(r["moegen_us"] > 0 and r["floor_us"] > 0 for r in rows)
+        assert all(r["moegen_us"] > 0 and r["floor_us"] > 0 and r["read_us"] > 0 for r in rows)
     assert "routing among the first 3 experts" in lines[0]
+    assert "read us" in lines[1]
 
 
 @pytest.mark.parametrize("tile", ["", "wgmma=0"])

@@ -215,6 +215,7 @@ def test_bench_msd_rows_json_and_baseline(tmp_path):
         got = bench_msd(spec, str(path), reps=3, rows=rows, log=lines.append, baseline=baseline)
         assert [r["m"] for r in got] == rows and json.loads(path.read_text()) == got
         for r in got:
-            assert all(r[f"{v}_us"] > 0 for v in ("basic", "preload", "dequant"))
+            assert all(r[f"{v}_us"] > 0 for v in ("basic", "preload", "dequant", "read"))
             assert ("cublas_fp16_us" in r) == baseline
         assert all(("fp16 cuBLAS" in line) == baseline for line in lines if " M=" in line)
+        assert all("bare read" in line for line in lines if " M=" in line)

@@ -47,6 +47,11 @@ def test_wheel_in_fresh_venv(tmp_path):
                                "-o", f"out-{target}"], cwd=work, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     assert (work / "out-cuda" / "moegen_w4a16.cuh").is_file()
+    # the bench's bare-read kernel ships beside the templates
+    shipped = subprocess.run([py, "-c", "from moegen.resources import data_dir; "
+                              "print((data_dir('templates') / 'cuda' / 'bare_read.cu').is_file())"],
+                             cwd=work, capture_output=True, text=True, check=True).stdout
+    assert shipped.strip() == "True"
     assert (work / "out-ascend" / "op_kernel" / "msd" / "msd_seed_msd_controller.h").is_file()
     proc = subprocess.run([env_dir / "bin" / "moegen", "inspect", "msd.yaml", "--target",
                            "ascend", "--schedule", "--svg", "t.svg"], cwd=work,

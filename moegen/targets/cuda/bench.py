@@ -5,7 +5,8 @@ memset), then replays the graph between two CUDA events; the median is reported.
 leaves L2 dirty, so a call also pays for writing back the lines its misses displace (docs/PERF.md
 measures what that costs a bare read of the weights). The memory floor is the int4 weight and
 scale bytes of the experts the call actually routes to, over the device-to-device copy
-bandwidth measured in the same process. The baseline is PyTorch bf16:
+bandwidth measured in the same process. Beside it, a bare read of those same bytes timed the
+same way (bare_read.py): what the harness lets any kernel reach. The baseline is PyTorch bf16:
 `torch._grouped_mm` over the expert-sorted tokens (gate/up, SwiGLU, down, weighted sum), timed
 with CUDA events on PyTorch's stream, L2 flushed the same way (its launches are not captured
 in a graph: PyTorch's sort and bincount sizes are data-dependent).
@@ -19,6 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...spec import SpecError, load_spec
+from .bare_read import BareRead, array_region, expert_regions
 from .runtime import MoeW4A16, _cupy
 
 FLUSH_BYTES = 256 << 20
@@ -184,7 +186,8 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert"
         + (f"; routing among the first {experts} experts" if experts is not None else ""))
     log(f"{'T':>6} {'experts':>7} {'moegen us':>10} {'floor us':>9} {'% floor':>8} "
-        f"{'bf16 us':>9} {'vs bf16':>8}")
+        f"{'read us':>8} {'% read':>7} {'bf16 us':>9} {'vs bf16':>8}")
+    packed = (weights.w13, weights.w13_scales, weights.w2, weights.w2_scales)
     for t in tokens:
         if t > spec.tokens.max:
             log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
@@ -193,11 +196,15 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         logits = cp.asarray(confine_routing(
             rng.standard_normal((t, m.num_experts)).astype(np.float32), experts))
         ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
-        routed = int(cp.unique(ids).size)
+        experts_used = cp.unique(ids).get()
+        routed = len(experts_used)
         floor_us = routed * per_expert / bw * 1e6
         ours = time_call(cp, lambda: layer(x, logits, weights), reps)
+        read_us = time_call(cp, BareRead(expert_regions(packed, experts_used, m.num_experts)),
+                            reps)
         row = {"tokens": t, "experts": routed, "moegen_us": ours, "floor_us": floor_us,
-               "pct_of_floor": 100 * floor_us / ours}
+               "pct_of_floor": 100 * floor_us / ours, "read_us": read_us,
+               "pct_of_read": 100 * read_us / ours}
         if base is not None:
             torch = base.torch
             cp.cuda.runtime.deviceSynchronize()
@@ -209,6 +216,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         rows.append(row)
         b = row.get("bf16_us")
         log(f"{t:>6} {routed:>7} {ours:>10.1f} {floor_us:>9.1f} {row['pct_of_floor']:>7.0f}% "
+            f"{read_us:>8.1f} {row['pct_of_read']:>6.0f}% "
             + (f"{b:>9.1f} {b / ours:>7.2f}x" if b else f"{'-':>9} {'-':>8}"))
     if json_path:
         with open(json_path, "w") as f:
@@ -304,6 +312,9 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
                 packed[id(op)] = op.pack(w)
             pw = packed[id(op)]
             row[f"{name}_us"] = time_call(cp, lambda: op(x, pw, scale, schedule=schedule), reps)
+        msd_weights = packed[id(ops["preload"][0])]
+        row["read_us"] = time_call(
+            cp, BareRead([array_region(msd_weights), array_region(scale)]), reps)
         if baseline:
             try:
                 import torch
@@ -315,8 +326,10 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
         parts = ", ".join(f"{name} {row[name + '_us']:.1f} us" for name in ops)
         cublas = (f", fp16 cuBLAS {row['cublas_fp16_us']:.1f} us" if "cublas_fp16_us" in row
                   else "")
-        log(f"{spec.name} M={m} N={s.n} K={s.k}: floor {floor_us:.1f} us, {parts} (preload "
-            f"{100 * floor_us / row['preload_us']:.0f}% of floor){cublas}")
+        log(f"{spec.name} M={m} N={s.n} K={s.k}: floor {floor_us:.1f} us, bare read "
+            f"{row['read_us']:.1f} us, {parts} (preload "
+            f"{100 * floor_us / row['preload_us']:.0f}% of floor, "
+            f"{100 * row['read_us'] / row['preload_us']:.0f}% of the read){cublas}")
         results.append(row)
     if json_path:
         with open(json_path, "w") as f:
