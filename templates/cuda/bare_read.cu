@@ -6,14 +6,15 @@
 // which the memory floor (bytes over copy bandwidth) leaves both out.
 //
 // The bytes come as chunks of at most CHUNK_BYTES (start address and length, both multiples of
-// 16); the grid is as many CTAs as fit the GPU at once, CTA b reading chunks b, b + grid, ...
-// Each thread has LOADS 16-byte loads of a chunk in flight at once, evict-first
-// (`ld.global.cs`: a call reads its weights once); the CTA leaves the XOR of every 32-bit word
-// it read in xor_out[blockIdx.x], so the loads are used and a test can check that every byte
-// was read exactly once.
+// 16), one a CTA; each thread has LOADS 16-byte loads in flight at once, evict-first
+// (`ld.global.cs`: a call reads its weights once). Of the shapes measured (128 to 1024 threads,
+// 2 to 16 loads a thread, a grid of the CTAs that fit the GPU at once looping over the chunks),
+// this one read fastest: the MSD seed's 52 MB in 18.2 us, Mixtral's 8 experts at the copy
+// bandwidth (docs/PERF.md). The CTA leaves the XOR of every 32-bit word it read in
+// xor_out[blockIdx.x], so the loads are used and a test can check that every byte was read once.
 
-#define MOEGEN_READ_THREADS 256
-#define MOEGEN_READ_LOADS 8
+#define MOEGEN_READ_THREADS 512
+#define MOEGEN_READ_LOADS 4
 #define MOEGEN_READ_CHUNK_BYTES (MOEGEN_READ_THREADS * MOEGEN_READ_LOADS * 16)
 
 __device__ __forceinline__ uint4 moegen_load_evict_first(const void* p) {
@@ -26,21 +27,19 @@ __device__ __forceinline__ uint4 moegen_load_evict_first(const void* p) {
 
 extern "C" __global__ void __launch_bounds__(MOEGEN_READ_THREADS)
 moegen_bare_read(const unsigned long long* __restrict__ starts, const int* __restrict__ lengths,
-                 int chunks, unsigned* __restrict__ xor_out) {
-  unsigned x = 0;
-  for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const char* chunk = reinterpret_cast<const char*>(starts[c]);
-    const int length = lengths[c];
-    uint4 v[MOEGEN_READ_LOADS];
-    // every load of the chunk issued before any is used
+                 unsigned* __restrict__ xor_out) {
+  const char* chunk = reinterpret_cast<const char*>(starts[blockIdx.x]);
+  const int length = lengths[blockIdx.x];
+  uint4 v[MOEGEN_READ_LOADS];
+  // every load issued before any is used
 #pragma unroll
-    for (int i = 0; i < MOEGEN_READ_LOADS; ++i) {
-      const int at = (i * MOEGEN_READ_THREADS + threadIdx.x) * 16;
-      v[i] = at < length ? moegen_load_evict_first(chunk + at) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < MOEGEN_READ_LOADS; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  for (int i = 0; i < MOEGEN_READ_LOADS; ++i) {
+    const int at = (i * MOEGEN_READ_THREADS + threadIdx.x) * 16;
+    v[i] = at < length ? moegen_load_evict_first(chunk + at) : make_uint4(0, 0, 0, 0);
   }
+  unsigned x = 0;
+#pragma unroll
+  for (int i = 0; i < MOEGEN_READ_LOADS; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
   x = __reduce_xor_sync(0xffffffffu, x);
   __shared__ unsigned warp_xor[MOEGEN_READ_THREADS / 32];
   if (threadIdx.x % 32 == 0) warp_xor[threadIdx.x / 32] = x;
