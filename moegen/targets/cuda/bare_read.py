@@ -8,6 +8,8 @@ kernel reading those bytes can take under this harness.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...resources import data_dir
@@ -16,7 +18,13 @@ from .runtime import _cupy
 THREADS, LOADS = 512, 4              # as bare_read.cu's MOEGEN_READ_THREADS and _LOADS
 CHUNK_BYTES = THREADS * LOADS * 16   # the bytes one CTA reads
 
-_MODULE = None
+
+@functools.cache
+def _kernel():
+    """The compiled kernel, once a process (NVRTC picks the current GPU's arch)."""
+    source = (data_dir("templates") / "cuda" / "bare_read.cu").read_text()
+    return _cupy().RawModule(code=source, options=("--std=c++17",)).get_function(
+        "moegen_bare_read")
 
 
 def chunk_table(regions) -> tuple[list[int], list[int]]:
@@ -55,12 +63,8 @@ class BareRead:
     on the device); reader.checksum() is the XOR of every 32-bit word read, after a call."""
 
     def __init__(self, regions):
-        global _MODULE
-        cp = self.cp = _cupy()
-        if _MODULE is None:
-            source = (data_dir("templates") / "cuda" / "bare_read.cu").read_text()
-            _MODULE = cp.RawModule(code=source, options=("--std=c++17",))
-        self.kernel = _MODULE.get_function("moegen_bare_read")
+        cp = _cupy()
+        self.kernel = _kernel()
         starts, lengths = chunk_table(regions)
         if not starts:
             raise ValueError("a bare read of nothing: the regions hold no whole 16-byte word")
@@ -68,7 +72,6 @@ class BareRead:
         self.lengths = cp.asarray(lengths, dtype=cp.int32)
         self.chunks = len(starts)                  # a CTA each
         self.xor_out = cp.empty(self.chunks, dtype=cp.uint32)
-        self.bytes = sum(lengths)
 
     def __call__(self):
         self.kernel((self.chunks,), (THREADS,), (self.starts, self.lengths, self.xor_out))
