@@ -498,6 +498,11 @@ MSD_MAX_BARRIERS = 16            # mbarriers of the flag rings, at most, in thes
 MSD_SHARED_LINE = 128
 
 
+def msd_barrier_bytes(barriers: int) -> int:
+    """Shared bytes of the CUDA MSD kernel's mbarriers (8 bytes each), whole lines of them."""
+    return align_up(8 * barriers, MSD_SHARED_LINE)
+
+
 def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
                      barriers: int) -> int:
     """Dynamic shared memory of the CUDA MSD kernel (templates/cuda/msd_matmul.cu.j2): the
@@ -509,7 +514,7 @@ def msd_shared_bytes(m: int, group: int, steps: int, tile: dict, slots: dict,
     mt = -(-rows // 16)
     bn = tile["block_n"]
     unfold_words = mt * group * 4 if tile["mma"] == "s8" else mt * 16 * (group // 8 + 4)
-    return (align_up(8 * barriers, MSD_SHARED_LINE)
+    return (msd_barrier_bytes(barriers)
             + tile["w_stages"] * (bn // 8) * (group // 64) * 32 * 8
             + tile["vec_warps"] * tile["x_stages"] * -(-m // tile["vec_warps"]) * group * 2
             + (tile["x_stages"] + 1) * bn * 2

@@ -110,9 +110,12 @@ __device__ constexpr int flag_first(int f) {
          : 0;
 }
 constexpr int BARRIERS = 11;
-// shared memory's lines: the mbarriers fill whole lines, so the rings start on one
+// shared memory's lines: the mbarriers fill whole lines (as the tile pass counts them), so the
+// rings start on one
 constexpr int LINE_BYTES = 128;
-constexpr int BARRIER_WORDS = (BARRIERS * 8 + LINE_BYTES - 1) / LINE_BYTES * LINE_BYTES / 8;
+constexpr int BARRIER_WORDS = 16;
+static_assert(BARRIER_WORDS >= BARRIERS && BARRIER_WORDS * 8 % LINE_BYTES == 0,
+              "the mbarriers in whole lines");
 static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
               VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
               BLOCK_N * SCALE_STAGES * 2 % 16 == 0,

@@ -17,7 +17,8 @@ from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes.pipelines import require_passes
 from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derived_schedule
-from ...passes.tile import MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE, msd_shared_bytes
+from ...passes.tile import (MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE, msd_barrier_bytes,
+                            msd_shared_bytes)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec, SpecError
@@ -153,7 +154,7 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         # warp's n8 tiles pair up (measured: M = 1, 2 faster; above 8 rows slower)
         ROWS_AS_B=(tile["mma"] == "s8" and s.steps * s.m <= 8
                    and block_n // 8 // tile["cube_warps"] % 2 == 0),
-        barriers=first, LINE_BYTES=MSD_SHARED_LINE,
+        barriers=first, BARRIER_WORDS=msd_barrier_bytes(first) // 8, LINE_BYTES=MSD_SHARED_LINE,
         schedules=[{"mode": x.mode, "lag": x.lag, "slots": x.slots,
                     "vec": _program(x, VEC), "cube": _program(x, CUBE)} for x in schedules])
     assert first <= MSD_MAX_BARRIERS and all(
