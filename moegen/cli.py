@@ -157,6 +157,15 @@ def cmd_run(args) -> int:
     tokens_text = _moe_tokens(spec, args, None)
     if args.seed is not None and args.seed < 0:
         raise UsageError(f"--seed {args.seed}: a random seed, 0 or more")
+    if args.target == "ascend":
+        if spec.pipeline != "msd_matmul" or spec.targets.ascend is None:
+            raise UsageError(f"--target ascend: {spec.name} is not an msd_matmul spec with "
+                             "targets.ascend (the Ascend target emits the MSD op)")
+        if args.tuning_db:
+            raise UsageError("--tuning-db: a CUDA tuning database; --target ascend runs the "
+                             "emulator")
+        from .targets.ascend.run import run_emulated
+        return 0 if run_emulated(spec, args.seed) else 1
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import run_msd
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
@@ -355,11 +364,16 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run the layer on random inputs on the GPU, check it",
                        description="Run the spec's layer on random inputs on the GPU and print "
-                                   "its relative error against moegen.reference.")
+                                   "its relative error against moegen.reference. With --target "
+                                   "ascend: run the emitted Ascend op in moegen's emulator on "
+                                   "its gen_data.py's draws, both templates, no NPU needed.")
     s.add_argument("spec")
+    s.add_argument("--target", choices=("cuda", "ascend"), default="cuda",
+                   help="cuda (default: on the GPU) or ascend (the emitted op, emulated)")
     s.add_argument("--tokens", help="moe_w4a16 specs: token counts, e.g. 1,16,64 (default 16, "
                    "or tokens.max where smaller)")
-    s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    s.add_argument("--seed", type=int, default=None, help="random seed (default: fresh; "
+                   "--target ascend: 1, the CANN sample's draws)")
     _tuning_db_option(s)
     s.set_defaults(func=cmd_run)
 

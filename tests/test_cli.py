@@ -328,3 +328,20 @@ def test_autotune_list_shows_the_sweep_without_a_gpu():
     assert proc.returncode == 0 and proc.stdout.count("<- the default") == 1
     proc = run_moegen("autotune", "examples/msd-seed.yaml", "--arch", "sm_80", cwd=ROOT)
     assert proc.returncode == 2 and "--arch sm_80: with --list only" in proc.stderr
+
+
+def test_run_target_ascend_emulates_the_op_without_a_device(tmp_path):
+    """`moegen run --target ascend` runs the emitted Ascend op in the emulator, both templates,
+    and exits 0 only when its verify_result passes; it refuses what is no Ascend MSD spec."""
+    spec = tmp_path / "small.yaml"
+    spec.write_text((ROOT / "examples" / "msd-seed.yaml").read_text()
+                    .replace("n: 12288", "n: 1024").replace("k: 8192", "k: 512")
+                    .replace("m: 1,", "m: 3,"))
+    assert "m: 3," in spec.read_text() and "n: 1024" in spec.read_text()
+    proc = run_moegen("run", spec, "--target", "ascend", "--seed", "7", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["basic", "preload"]
+    assert all("M=3 N=1024 K=512" in line and "verify_result: PASS" in line for line in lines)
+    assert_fails_in_one_line(("run", "examples/moe-seed.yaml", "--target", "ascend"),
+                             "--target ascend: moe-seed is not an msd_matmul spec")

@@ -11,7 +11,7 @@ from moegen.ir import parse
 from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
-from moegen.passes.tile import MSD_CTAS_PER_SM, ascend_msd_tiling, single_token_bucket
+from moegen.passes.tile import MSD_CTAS_PER_SM, single_token_bucket
 from moegen.targets.cuda.emitter import emit_moe
 from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
@@ -495,30 +495,12 @@ def test_split_k_divides_k_and_fills_the_gpu():
         assert op.attrs["block_buckets"] == [[1, 8]] and op.attrs["tile"]["warps"] == [4]
 
 
-def test_ascend_tiling_matches_the_sample():
-    t = ascend_msd_tiling(1, 12288, 8192, 128, 3, 24)
-    assert (t["single_core_m"], t["base_m"], t["base_k"], t["single_core_n"], t["base_n"],
-            t["single_core_k"]) == (3, 16, 128, 512, 512, 8192)
-    assert (t["depth_a1"], t["depth_b1"], t["db_l0c"], t["step_m"], t["step_ka"]) == (2, 2, 1, 1, 1)
-    assert t["used_core_num"] == 24 and t["tail_n"] == 512
-
-
-@pytest.mark.parametrize("m,n,k,steps", [(5, 4160, 1024, 3), (16, 4096, 8192, 2), (1, 64, 128, 1),
-                                         (3, 100000, 256, 3)])
-def test_ascend_tiling_any_shape(m, n, k, steps):
-    t = ascend_msd_tiling(m, n, k, 128, steps, 24)
-    assert t["single_core_m"] == steps * m and t["base_m"] % 16 == 0
-    assert t["base_m"] >= steps * m > t["base_m"] - 16
-    assert t["single_core_n"] % 64 == 0 and t["base_n"] <= 512
-    covered = (t["used_core_num"] - 1) * t["single_core_n"] + t["tail_n"]
-    assert covered == n and 0 < t["tail_n"] <= t["single_core_n"] and t["used_core_num"] <= 24
-
-
 def test_msd_passes_printed():
     module, ctx, _ = lower(MSD, "ascend")
     check_lines(str(module), [
-        r"%acc = msd\.group_loop\(%zero\) \{groups = 64, group_size = 128, tile = \{m = 1, "
-        r"n = 12288, k = 8192, single_core_m = 3, single_core_n = 512",
+        r"%acc = msd\.group_loop\(%zero\) \{groups = 64, group_size = 128, tile = \{matmulTiling "
+        r"= \{usedCoreNum = 24, M = 3, N = 12288, .*singleCoreN = 512, .*\}, m = 1, n = 12288, "
+        r"k = 8192, .*mergeChunk = 256\}",
         r"schedule = \"preload\", slots = \{a_max = 2, a_unfold = 3, y_int = 2\}",
         r"msd\.unfold", r"msd\.int_matmul", r"msd\.merge", r"msd\.yield", r"tensor\.cast",
     ])

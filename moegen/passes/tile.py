@@ -116,6 +116,7 @@ from ..build import MOE_BLOCK_CHOICES, TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
 from .manager import Context, Option, Pass, PipelineError
+from .ascend_tiling import msd_tiling
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
 DECODE_BLOCK = 8
@@ -585,18 +586,6 @@ def fit_warps(k_dim: int, warps: int) -> int:
     return warps
 
 
-def ascend_msd_tiling(m: int, n: int, k: int, group: int, steps: int, aic_cores: int) -> dict:
-    single_core_n = align_up(-(-n // aic_cores), 64)
-    used = -(-n // single_core_n)
-    return {
-        "m": m, "n": n, "k": k,
-        "single_core_m": steps * m, "single_core_n": single_core_n, "single_core_k": k,
-        "base_m": align_up(steps * m, 16), "base_n": min(single_core_n, 512), "base_k": group,
-        "depth_a1": 2, "depth_b1": 2, "step_m": 1, "step_n": 1, "step_ka": 1, "step_kb": 1,
-        "db_l0c": 1, "used_core_num": used, "tail_n": n - (used - 1) * single_core_n,
-    }
-
-
 class TilePass(Pass):
     name = "tile"
     OPTIONS = {
@@ -1018,8 +1007,7 @@ class TilePass(Pass):
             a = spec.targets.ascend
             cores = a.aic_cores if a else 24
             s = spec.msd
-            loop.attrs["tile"] = ascend_msd_tiling(s.m, s.n, s.k, spec.quant.group_size, s.steps,
-                                                   cores)
+            loop.attrs["tile"] = msd_tiling(s.m, s.n, s.k, spec.quant.group_size, s.steps, cores)
         elif spec.lowering == "dequant":
             s = spec.msd
             block = 8 if s.m <= 8 else min(DENSE_MAX_BLOCK, align_up(s.m, 16))

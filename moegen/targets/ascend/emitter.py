@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
+
 from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
+from ...passes import ascend_tiling
+from ...passes.ascend_tiling import msd_tiling
 from ...passes.schedule import CUBE, MODES, Action, Schedule, derived_schedule
 from ...render import render
 from ...spec import Spec, SpecError
@@ -20,11 +24,33 @@ from ..header import file_header
 
 GUARD = {CUBE: "ASCEND_IS_AIC", "vec": "ASCEND_IS_AIV"}
 STAGE_CALL = {"unfold": "vec_.UnfoldA", "matmul": "cube_.LaunchMatmul", "merge": "vec_.MergeY"}
-SLOT_NAME = {"a_max": "A_MAX", "a_unfold": "A_UNFOLD", "y_int": "Y_INT"}
+SLOT_NAME = {"a_max": "A_MAX_SLOTS", "a_unfold": "A_UNFOLD_SLOTS", "y_int": "Y_INT_SLOTS"}
 # the slot arguments of each stage call, in the order the compute classes take them
 STAGE_SLOTS = {"unfold": ("a_max", "a_unfold"), "matmul": ("a_unfold", "y_int"),
                "merge": ("a_max", "y_int")}
 MODE_MACRO = {"basic": "BASIC_MSD", "preload": "PRELOAD_MSD"}
+# project path (OP: the op's snake_case name) -> template under templates/ascend
+TEMPLATES = {
+    "CMakeLists.txt": "ascend/CMakeLists.txt.j2",
+    "op_host/CMakeLists.txt": "ascend/op_host/CMakeLists.txt.j2",
+    "op_host/OP_def.cpp": "ascend/op_host/def.cpp.j2",
+    "op_host/OP_tiling.h": "ascend/op_host/tiling.h.j2",
+    "op_host/OP_tiling.cpp": "ascend/op_host/tiling.cpp.j2",
+    "op_host/OP_infershape.cpp": "ascend/op_host/infershape.cpp.j2",
+    "op_kernel/OP.cpp": "ascend/op_kernel/kernel.cpp.j2",
+    "op_kernel/OP_tiling_data.h": "ascend/op_kernel/tiling_data.h.j2",
+    "op_kernel/OP_tiling_key.h": "ascend/op_kernel/tiling_key.h.j2",
+    "op_kernel/msd/OP_msd_controller.h": "ascend/op_kernel/msd/controller.h.j2",
+    "op_kernel/msd/OP_cube_compute.h": "ascend/op_kernel/msd/cube_compute.h.j2",
+    "op_kernel/msd/OP_vec_compute.h": "ascend/op_kernel/msd/vec_compute.h.j2",
+    "op_kernel/msd/OP_tool.h": "ascend/op_kernel/msd/tool.h.j2",
+    "examples/scripts/gen_data.py": "ascend/examples/scripts/gen_data.py.j2",
+    "examples/scripts/verify_result.py": "ascend/examples/scripts/verify_result.py.j2",
+    "examples/src/main.cpp": "ascend/examples/src/main.cpp.j2",
+    "examples/src/CMakeLists.txt": "ascend/examples/src/CMakeLists.txt.j2",
+    "examples/run.sh": "ascend/examples/run.sh.j2",
+    "README.md": "ascend/README.md.j2",
+}
 
 
 def op_names(spec: Spec) -> tuple[str, str]:
@@ -44,7 +70,7 @@ def statement(sched: Schedule, action: Action) -> list[str]:
         return [f"AscendC::CrossCoreWaitFlag<{f.mode}>({f.name});"]
     stage = sched.stages[action.stage]
     used = set(stage.reads + stage.writes)
-    slots = ", ".join(f"it % Slots::{SLOT_NAME[b]}" for b in STAGE_SLOTS[action.stage])
+    slots = ", ".join(f"it % {SLOT_NAME[b]}[MSD_MODE]" for b in STAGE_SLOTS[action.stage])
     assert used == set(STAGE_SLOTS[action.stage]), (action.stage, used)
     return [f"const uint32_t it = step - {action.offset};",
             f"{STAGE_CALL[action.stage]}(it, {slots});"]
@@ -78,19 +104,13 @@ def schedule_metadata(schedules: list[Schedule]) -> dict:
 def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str]:
     """relative path -> text of the whole op project."""
     s = spec.msd
-    if not 1 <= s.m <= 16:
-        raise SpecError(f"msd.m: {s.m} must be in 1..16 for the Ascend MSD kernel "
-                        "(steps x M rows fit one cube base tile)")
-    if s.n % 64:
-        raise SpecError(f"msd.n: {s.n} must be a multiple of 64 for the Ascend MSD kernel")
-    if spec.quant.group_size % 64:
-        raise SpecError(f"quant.group_size: {spec.quant.group_size} must be 64 or 128 for the "
-                        "Ascend MSD kernel")
     if spec.targets.ascend is None:
         raise SpecError("targets.ascend: None is required to emit the Ascend project")
+    # the spec's own shape must run: the same checks as the host tiling, before anything is emitted
+    msd_tiling(s.m, s.n, s.k, spec.quant.group_size, s.steps, spec.targets.ascend.aic_cores)
     op, Op = op_names(spec)
     loop = module.function().op("msd.group_loop")
-    schedules = [derived_schedule(loop, mode) for mode in MODES]
+    schedules = [derived_schedule(loop, mode) for mode in sorted(MODES, key=MODES.get)]
     recorded = loop.attrs.get("slots")
     chosen = next(s for s in schedules if s.mode == loop.attrs.get("schedule", spec.schedule))
     if recorded is not None and recorded != chosen.slots:
@@ -99,33 +119,19 @@ def emit_msd_project(spec: Spec, module: Module, pipeline: str) -> dict[str, str
     header = file_header(spec, pipeline)
     ctx = {
         "header": header, "header_py": file_header(spec, pipeline, "#"),
-        "header_md": file_header(spec, pipeline, ">"), "op": op, "Op": Op,
+        "header_md": file_header(spec, pipeline, ">"),
+        "header_cmake": file_header(spec, pipeline, "#"), "op": op, "Op": Op,
         "m": s.m, "n": s.n, "k": s.k, "group": spec.quant.group_size, "steps": s.steps,
         "soc": spec.targets.ascend.soc, "factors": factors,
-        "divisors": [repr(float(d)) for d in merge_divisors(factors, s.steps)],
+        # 9 significant digits name a float32 exactly
+        "merge_scales": [f"{np.float32(1.0 / d):.9g}" for d in merge_divisors(factors, s.steps)],
         "schedules": [schedule_context(x) for x in schedules],
         "flags": sorted(chosen.flags.values(), key=lambda f: f.id),
         "default_mode": chosen.mode, "default_macro": MODE_MACRO[chosen.mode],
+        "t": ascend_tiling,
     }
-    files = {
-        f"op_host/{op}_def.cpp": "ascend/op_host/def.cpp.j2",
-        f"op_host/{op}_tiling.cpp": "ascend/op_host/tiling.cpp.j2",
-        f"op_host/{op}_infershape.cpp": "ascend/op_host/infershape.cpp.j2",
-        f"op_kernel/{op}.cpp": "ascend/op_kernel/kernel.cpp.j2",
-        f"op_kernel/{op}_tiling_data.h": "ascend/op_kernel/tiling_data.h.j2",
-        f"op_kernel/{op}_tiling_key.h": "ascend/op_kernel/tiling_key.h.j2",
-        f"op_kernel/msd/{op}_msd_controller.h": "ascend/op_kernel/msd/controller.h.j2",
-        f"op_kernel/msd/{op}_cube_compute.h": "ascend/op_kernel/msd/cube_compute.h.j2",
-        f"op_kernel/msd/{op}_vec_compute.h": "ascend/op_kernel/msd/vec_compute.h.j2",
-        f"op_kernel/msd/{op}_tool.h": "ascend/op_kernel/msd/tool.h.j2",
-        "examples/scripts/gen_data.py": "ascend/examples/scripts/gen_data.py.j2",
-        "examples/scripts/verify_result.py": "ascend/examples/scripts/verify_result.py.j2",
-        "examples/src/main.cpp": "ascend/examples/src/main.cpp.j2",
-        "examples/src/CMakeLists.txt": "ascend/examples/src/CMakeLists.txt.j2",
-        "examples/run.sh": "ascend/examples/run.sh.j2",
-        "README.md": "ascend/README.md.j2",
-    }
-    out = {path: render(tpl, **ctx) for path, tpl in files.items()}
+    out = {path: render(tpl, **ctx) for path, tpl in TEMPLATES.items()}
+    out = {path.replace("OP", op): text for path, text in out.items()}
     out[f"op_kernel/msd/{op}_schedule.json"] = json.dumps(schedule_metadata(schedules),
                                                           indent=2) + "\n"
     return out

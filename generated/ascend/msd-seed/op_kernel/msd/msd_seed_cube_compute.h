@@ -2,8 +2,11 @@
 // spec: msd-seed (hash d0ffb5a2a37ccb60), pipeline msd_matmul
 // passes: tile,schedule,alloc
 // Cube (AIC) side of MsdSeed: per K group, the unfolded A [steps*M, group] and this core's weight
-// columns [group, singleCoreN] go GM -> L1 with ND2NZ copies, then the int4 x int4 matmul writes
-// int32 Y [steps*M, singleCoreN] to the workspace slot.
+// columns [group, columns] go GM -> L1 in NZ fractals (ND2NZ copies, double-buffered), then the
+// int4 x int4 matmul writes int32 Y [steps*M, columns] to the workspace slot.
+// The matmul object is a MatmulImpl driven by this core alone (no REGIST_MATMUL_OBJ: in a mixed
+// cube/vector kernel that registers a matmul server on the cube core, which waits for the vector
+// cores' client messages that this kernel never sends).
 #pragma once
 #include "kernel_operator.h"
 #include "lib/matmul_intf.h"
@@ -11,74 +14,91 @@
 #include "msd_seed_tool.h"
 
 class MsdSeedCubeCompute {
-  using AType = AscendC::MatmulType<AscendC::TPosition::A1, AscendC::CubeFormat::NZ, int4b_t>;
-  using BType = AscendC::MatmulType<AscendC::TPosition::B1, AscendC::CubeFormat::NZ, int4b_t>;
-  using CType = AscendC::MatmulType<AscendC::TPosition::GM, AscendC::CubeFormat::ND, int32_t>;
+  using AType = AscendC::MatmulType<AscendC::TPosition::A1, CubeFormat::NZ, AscendC::int4b_t>;
+  using BType = AscendC::MatmulType<AscendC::TPosition::B1, CubeFormat::NZ, AscendC::int4b_t>;
+  using CType = AscendC::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, int32_t>;
+  using BiasType = AscendC::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, int32_t>;
 
  public:
   __aicore__ inline void Init(GM_ADDR weight, GM_ADDR unfold, GM_ADDR yInt,
                               const MsdSeedTilingData* tiling, AscendC::TPipe* pipe) {
     tiling_ = tiling;
     core_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
-    const auto& c = tiling->cube;
-    cube_ = TCubeTiling{c.usedCoreNum, c.M, c.N, c.Ka, c.Kb, c.singleCoreM, c.singleCoreN,
-                        c.singleCoreK, c.baseM, c.baseN, c.baseK, c.depthA1, c.depthB1, c.stepM,
-                        c.stepN, c.stepKa, c.stepKb, c.isBias, c.dbL0C};
-    weight_.SetGlobalBuffer(reinterpret_cast<__gm__ int4b_t*>(weight));
-    unfold_.SetGlobalBuffer(reinterpret_cast<__gm__ int4b_t*>(unfold));
+    const uint32_t used = static_cast<uint32_t>(tiling->matmulTiling.usedCoreNum);
+    const uint32_t singleCoreN = static_cast<uint32_t>(tiling->matmulTiling.singleCoreN);
+    rows_ = MSD_STEPS * tiling->m;
+    col0_ = core_ * singleCoreN;
+    columns_ = singleCoreN;
+    if (core_ + 1 == used) {
+      columns_ = tiling->tailN;
+    }
+    weight_.SetGlobalBuffer(reinterpret_cast<__gm__ AscendC::int4b_t*>(weight));
+    unfold_.SetGlobalBuffer(reinterpret_cast<__gm__ AscendC::int4b_t*>(unfold));
     yInt_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(yInt));
-    rows_ = tiling->steps * tiling->m;
-    columns_ = core_ + 1 == static_cast<uint32_t>(c.usedCoreNum)
-                   ? tiling->tailN
-                   : static_cast<uint32_t>(c.singleCoreN);
-    pipe->InitBuffer(aL1_, c.baseM * tiling->groupSize / 2);
-    pipe->InitBuffer(bL1_, tiling->groupSize * c.singleCoreN / 2);
-    REGIST_MATMUL_OBJ(pipe, GetSysWorkSpacePtr(), mm_, &cube_);
-    mm_.Init(&cube_, pipe);
+    // an L1 slot holds A [rows padded to CUBE_ROWS, group] and B [group, singleCoreN] (int4)
+    aSlotElems_ = static_cast<uint32_t>(AlignUp(rows_, CUBE_ROWS)) * tiling->groupSize;
+    bSlotElems_ = tiling->groupSize * singleCoreN;
+    pipe->InitBuffer(aL1_, L1_SLOTS * aSlotElems_ / 2);
+    pipe->InitBuffer(bL1_, L1_SLOTS * bSlotElems_ / 2);
+    for (uint32_t s = 0; s < L1_SLOTS; ++s) {
+      l1Free_[s] = static_cast<event_t>(
+          GetTPipePtr()->AllocEventID<AscendC::HardEvent::MTE1_MTE2>());
+      AscendC::SetFlag<AscendC::HardEvent::MTE1_MTE2>(l1Free_[s]);
+    }
+    mm_.SetSubBlockIdx(0);
+    mm_.Init(&tiling->matmulTiling, pipe);
   }
 
   // int32 Y[ySlot] = unfolded A[unfoldSlot] x W[group rows, this core's columns]
   __aicore__ inline void LaunchMatmul(uint32_t group, uint32_t unfoldSlot, uint32_t ySlot) {
-    if (core_ >= static_cast<uint32_t>(cube_.usedCoreNum)) {
-      return;   // cores past the last column tile keep the flag protocol but do no work
-    }
-    const uint32_t g = tiling_->groupSize, n = tiling_->n;
-    const uint64_t unfoldElems = AlignUp(rows_ * g / 2, WORKSPACE_ALIGN) * 2;
-    const uint64_t n0 = static_cast<uint64_t>(core_) * cube_.singleCoreN;
-    AscendC::LocalTensor<int4b_t> a = aL1_.Get<int4b_t>();
-    AscendC::LocalTensor<int4b_t> b = bL1_.Get<int4b_t>();
-    AscendC::Nd2NzParams aParams;
-    aParams.nValue = static_cast<uint16_t>(rows_);
-    aParams.dValue = static_cast<uint16_t>(g);
-    aParams.srcDValue = static_cast<uint16_t>(g);
-    aParams.dstNzC0Stride = static_cast<uint16_t>(cube_.baseM);
-    aParams.dstNzNStride = 1;
-    AscendC::DataCopy(a, unfold_[unfoldElems * unfoldSlot], aParams);
-    AscendC::Nd2NzParams bParams;
-    bParams.nValue = static_cast<uint16_t>(g);
-    bParams.dValue = static_cast<uint16_t>(columns_);
-    bParams.srcDValue = static_cast<uint16_t>(n);
-    bParams.dstNzC0Stride = static_cast<uint16_t>(g);
-    bParams.dstNzNStride = 1;
-    AscendC::DataCopy(b, weight_[static_cast<uint64_t>(group) * g * n + n0], bParams);
-    mm_.SetOrgShape(static_cast<int>(rows_), static_cast<int>(n), static_cast<int>(g));
+    const uint32_t g = tiling_->groupSize;
+    const uint32_t m = tiling_->m;
+    const uint32_t n = tiling_->n;
+    const uint32_t slot = launches_ % L1_SLOTS;
+    launches_ = launches_ + 1;
+    AscendC::LocalTensor<AscendC::int4b_t> a = aL1_.Get<AscendC::int4b_t>()[slot * aSlotElems_];
+    AscendC::LocalTensor<AscendC::int4b_t> b = bL1_.Get<AscendC::int4b_t>()[slot * bSlotElems_];
+    // the unfolded A: rows_ rows of g int4; B: g rows of this core's columns, N apart in GM
+    const AscendC::Nd2NzParams aCopy =
+        Nd2NzBytes(rows_, g / 2, g / 2, static_cast<uint32_t>(AlignUp(rows_, CUBE_ROWS)));
+    const AscendC::Nd2NzParams bCopy =
+        Nd2NzBytes(g, columns_ / 2, n / 2, static_cast<uint32_t>(AlignUp(g, CUBE_ROWS)));
+    AscendC::WaitFlag<AscendC::HardEvent::MTE1_MTE2>(l1Free_[slot]);
+    AscendC::DataCopy(a, unfold_[unfoldSlot * UnfoldSlotBytes(m, g) * 2], aCopy);
+    AscendC::DataCopy(b, weight_[static_cast<uint64_t>(group) * g * n + col0_], bCopy);
+    SyncPipes<AscendC::HardEvent::MTE2_MTE1>();
+    mm_.SetOrgShape(static_cast<int>(rows_), static_cast<int>(n), static_cast<int>(g),
+                    static_cast<int>(g), static_cast<int>(n));
+    mm_.SetTensorA(a, false);
+    mm_.SetTensorB(b, false);
     mm_.SetTail(static_cast<int>(rows_), static_cast<int>(columns_), static_cast<int>(g));
-    mm_.SetTensorA(a);
-    mm_.SetTensorB(b);
-    const uint64_t ySlotElems = static_cast<uint64_t>(rows_) * n;
-    mm_.IterateAll(yInt_[ySlotElems * ySlot + n0]);
+    mm_.IterateAll(yInt_[ySlot * YSlotBytes(m, n) / sizeof(int32_t) + col0_]);
     mm_.End();
+    AscendC::SetFlag<AscendC::HardEvent::MTE1_MTE2>(l1Free_[slot]);
+  }
+
+  // every event set in Init is waited once more, so each SetFlag has its WaitFlag
+  __aicore__ inline void Finish() {
+    for (uint32_t s = 0; s < L1_SLOTS; ++s) {
+      AscendC::WaitFlag<AscendC::HardEvent::MTE1_MTE2>(l1Free_[s]);
+      GetTPipePtr()->ReleaseEventID<AscendC::HardEvent::MTE1_MTE2>(l1Free_[s]);
+    }
   }
 
  private:
-  __aicore__ inline GM_ADDR GetSysWorkSpacePtr() { return nullptr; }
-
   const MsdSeedTilingData* tiling_ = nullptr;
-  TCubeTiling cube_;
-  uint32_t core_ = 0, rows_ = 0, columns_ = 0;
-  AscendC::GlobalTensor<int4b_t> weight_, unfold_;
+  uint32_t core_ = 0;
+  uint32_t rows_ = 0;
+  uint32_t col0_ = 0;
+  uint32_t columns_ = 0;
+  uint32_t aSlotElems_ = 0;
+  uint32_t bSlotElems_ = 0;
+  uint32_t launches_ = 0;
+  event_t l1Free_[L1_SLOTS];
+  AscendC::GlobalTensor<AscendC::int4b_t> weight_;
+  AscendC::GlobalTensor<AscendC::int4b_t> unfold_;
   AscendC::GlobalTensor<int32_t> yInt_;
   AscendC::TBuf<AscendC::TPosition::A1> aL1_;
   AscendC::TBuf<AscendC::TPosition::B1> bL1_;
-  AscendC::Matmul<AType, BType, CType> mm_;
+  AscendC::MatmulImpl<AType, BType, CType, BiasType> mm_;
 };

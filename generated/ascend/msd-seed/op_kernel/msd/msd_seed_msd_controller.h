@@ -20,20 +20,16 @@ __aicore__ inline bool Runs(uint32_t step, uint32_t offset, uint32_t groups) {
 
 template <int MSD_MODE>
 class MsdSeedMsdController {
-  using Slots = MsdSlots<MSD_MODE>;
-
  public:
   __aicore__ inline void Init(GM_ADDR x, GM_ADDR weight, GM_ADDR scale, GM_ADDR y,
                               GM_ADDR workspace, const MsdSeedTilingData* tiling,
                               AscendC::TPipe* pipe) {
     tiling_ = tiling;
     // workspace: A_max, unfolded A (int4), int32 Y, each with the template's slots
-    const uint64_t amaxBytes = AlignUp(tiling->m * sizeof(float), WORKSPACE_ALIGN);
-    const uint64_t unfoldBytes =
-        AlignUp(tiling->steps * tiling->m * tiling->groupSize / 2, WORKSPACE_ALIGN);
     GM_ADDR amax = workspace;
-    GM_ADDR unfold = amax + amaxBytes * Slots::A_MAX;
-    GM_ADDR yInt = unfold + unfoldBytes * Slots::A_UNFOLD;
+    GM_ADDR unfold = amax + AmaxSlotBytes(tiling->m) * A_MAX_SLOTS[MSD_MODE];
+    GM_ADDR yInt =
+        unfold + UnfoldSlotBytes(tiling->m, tiling->groupSize) * A_UNFOLD_SLOTS[MSD_MODE];
     if ASCEND_IS_AIC {
       cube_.Init(weight, unfold, yInt, tiling, pipe);
     }
@@ -43,13 +39,18 @@ class MsdSeedMsdController {
   }
 
   __aicore__ inline void Process() {
-if constexpr (MSD_MODE == BASIC_MSD) {
+    if constexpr (MSD_MODE == BASIC_MSD) {
       ProcessBasic();
-} else if constexpr (MSD_MODE == PRELOAD_MSD) {
+    }
+    if constexpr (MSD_MODE == PRELOAD_MSD) {
       ProcessPreload();
+    }
+    if ASCEND_IS_AIC {
+      cube_.Finish();
     }
     if ASCEND_IS_AIV {
       vec_.WriteOutput();
+      vec_.Finish();
     }
   }
 
@@ -63,7 +64,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
-          cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT);
+          cube_.LaunchMatmul(it, it % A_UNFOLD_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
@@ -80,7 +81,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
-          vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD);
+          vec_.UnfoldA(it, it % A_MAX_SLOTS[MSD_MODE], it % A_UNFOLD_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
@@ -92,7 +93,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
-          vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT);
+          vec_.MergeY(it, it % A_MAX_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
@@ -111,7 +112,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
-          cube_.LaunchMatmul(it, it % Slots::A_UNFOLD, it % Slots::Y_INT);
+          cube_.LaunchMatmul(it, it % A_UNFOLD_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
@@ -130,7 +131,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
-          vec_.UnfoldA(it, it % Slots::A_MAX, it % Slots::A_UNFOLD);
+          vec_.UnfoldA(it, it % A_MAX_SLOTS[MSD_MODE], it % A_UNFOLD_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
@@ -142,7 +143,7 @@ if constexpr (MSD_MODE == BASIC_MSD) {
           AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
         if (Runs(step, 1, groups)) {
           const uint32_t it = step - 1;
-          vec_.MergeY(it, it % Slots::A_MAX, it % Slots::Y_INT);
+          vec_.MergeY(it, it % A_MAX_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 1, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
