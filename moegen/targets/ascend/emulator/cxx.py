@@ -20,6 +20,7 @@ can stop at a cross-core wait (`CrossCoreWaitFlag`) and let the others run.
 """
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -571,20 +572,27 @@ class Translator:
             return f"_conv({ctype.name!r}, {value})"
         return value
 
-    def declaration(self, depth: int, ctype: CType) -> None:
+    def declarators(self, ctype: CType, record) -> list[tuple[str, str]]:
+        """`name[dims] init, name2 ... ;` after a type: (name, its Python value) each; `record`
+        is told each name and type before its initialiser is read."""
+        out = []
         while True:
             name = self.next().text
             dims = []
             while self.accept("["):
                 dims.append(self.expression())
                 self.expect("]")
-            declared = CType(ctype.name, ctype.qualified, ctype.targs, ctype.pointer,
-                             ctype.reference)
-            self.scope.names[name] = declared
-            self.emit(depth, f"{py_name(name)} = {self.initialiser(declared, dims)}")
+            declared = dataclasses.replace(ctype)
+            record(name, declared)
+            out.append((name, self.initialiser(declared, dims)))
             if not self.accept(","):
                 break
         self.expect(";")
+        return out
+
+    def declaration(self, depth: int, ctype: CType) -> None:
+        for name, value in self.declarators(ctype, self.scope.names.__setitem__):
+            self.emit(depth, f"{py_name(name)} = {value}")
 
     def initialiser(self, ctype: CType, dims: list[str]) -> str:
         """What a declarator is set to: `= value`, `{args}`, `(args)` or the type's default."""
@@ -791,28 +799,16 @@ class Translator:
                 self.fail("a member declaration")
             if self.peek().text == "(":
                 self.fail("a constructor")
-            name = self.next().text
-            if self.peek().text == "(":
+            if self.peek(1).text == "(":
+                name = self.next().text
                 info.members[name] = "method"
                 methods.append((self.i, ctype, name))
                 self.skip_balanced()
                 self.accept("const")
                 self.skip_balanced()
                 continue
-            while True:
-                dims = []
-                while self.accept("["):
-                    dims.append(self.expression())
-                    self.expect("]")
-                declared = CType(ctype.name, ctype.qualified, ctype.targs, ctype.pointer,
-                                 ctype.reference)
-                info.members[name] = declared
-                self.scope = None
-                fields.append((name, self.initialiser(declared, dims)))
-                if not self.accept(","):
-                    break
-                name = self.next().text
-            self.expect(";")
+            self.scope = None
+            fields += self.declarators(ctype, info.members.__setitem__)
         return fields, methods
 
     def top_level(self) -> None:
@@ -833,23 +829,13 @@ class Translator:
         ctype = self.try_type()
         if ctype is None:
             self.fail("a declaration")
-        name = self.next().text
-        if self.peek().text == "(":
+        if self.peek(1).text == "(":
+            name = self.next().text
             self.functions[name] = ctype
             self.function(0, ctype, name, tparams, method=False)
             return
-        while True:
-            dims = []
-            while self.accept("["):
-                dims.append(self.expression())
-                self.expect("]")
-            self.globals[name] = CType(ctype.name, ctype.qualified, ctype.targs,
-                                       ctype.pointer, ctype.reference)
-            self.emit(0, f"{py_name(name)} = {self.initialiser(self.globals[name], dims)}")
-            if not self.accept(","):
-                break
-            name = self.next().text
-        self.expect(";")
+        for name, value in self.declarators(ctype, self.globals.__setitem__):
+            self.emit(0, f"{py_name(name)} = {value}")
 
     def translate(self) -> str:
         for name in self.macros:
