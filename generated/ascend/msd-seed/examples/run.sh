@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 : "${ASCEND_INSTALL_PATH:?set ASCEND_INSTALL_PATH to the CANN install}"
+# shellcheck source=/dev/null
+source "${ASCEND_INSTALL_PATH}/set_env.sh"
 rm -rf input output build && mkdir -p input output build
 python3 scripts/gen_data.py
 (cd build && cmake ../src && make -j)
