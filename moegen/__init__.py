@@ -2,9 +2,11 @@
 __version__ = "0.1.0"
 
 from .build import build
+from .checkpoint import CheckpointError, load_moe_layer, read_moe_layer
 from .spec import Spec, SpecError, load_spec
 
-__all__ = ["Spec", "SpecError", "__version__", "build", "load_spec"]
+__all__ = ["CheckpointError", "Spec", "SpecError", "__version__", "build", "load_moe_layer",
+           "load_spec", "read_moe_layer"]
 
 
 def __getattr__(name):

@@ -358,7 +358,8 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
                                               for k in (m.hidden_size, m.intermediate_size)):
             continue          # the default's warps already drop this far: a duplicate
         for b in blocks:
-            depths = sorted({gemm_stages(b, warps, d, block_k) for d in STAGE_CHOICES})
+            depths = sorted({gemm_stages(b, warps, d, block_k, zeros=not spec.quant.symmetric)
+                             for d in STAGE_CHOICES})
             out += [MoeConfig(b, up, d, down, block_k, warps)
                     for up in splits for down in splits for d in depths
                     if fits(m.hidden_size, up) and fits(m.intermediate_size, down)]
@@ -523,13 +524,16 @@ def _nvrtc_inputs(spec: Spec, space: list, arch: str, built: dict | None = None)
             yield None
 
 
-def _check(cp, out, call, want) -> None:
-    """Poison `out`, run `call`, and raise unless its result is within 2e-3 of `want`."""
+def _check(cp, out, call, want, dtype: str = "float16", limit: float = 2e-3) -> None:
+    """Poison `out` (all bits set: NaN in fp16 and bf16), run `call`, and raise unless its
+    result (of the spec's `dtype`) is within `limit` of `want`."""
     import numpy as np
-    out.fill(np.float16(np.nan))                 # unwritten outputs fail
-    y = cp.asnumpy(call()).astype(np.float64)
+
+    from .reference import activation_dtype
+    out.view(cp.uint16).fill(0xFFFF)             # unwritten outputs fail
+    y = cp.asnumpy(call()).view(np.uint16).view(activation_dtype(dtype)).astype(np.float64)
     err = np.linalg.norm(y - want) / np.linalg.norm(want)
-    if not err <= 2e-3:                          # NaN fails too
+    if not err <= limit:                         # NaN fails too
         raise ValueError(f"relative error {err:.2e}")
 
 
@@ -615,19 +619,16 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
     from . import reference
     from .targets.cuda.bench import time_call
     from .targets.cuda.compile_ahead import AheadCompiler, compile_pool, worker_count
-    from .targets.cuda.runtime import MoeW4A16, _cupy
-    cp = _cupy()
+    from .targets.cuda.device import get_cupy, host_activation
+    from .targets.cuda.runtime import MoeW4A16
+    cp = get_cupy()
     spec = load_spec(spec)
     m, g = spec.moe, spec.quant.group_size
     device = Device.current()
     start = time.monotonic()
     rng = np.random.default_rng(0)
-    w13 = rng.integers(-8, 8, (m.num_experts, m.hidden_size, 2 * m.intermediate_size), np.int8)
-    s13 = (rng.random((m.num_experts, m.hidden_size // g, 2 * m.intermediate_size)) * 0.02
-           + 0.002).astype(np.float16)
-    w2 = rng.integers(-8, 8, (m.num_experts, m.intermediate_size, m.hidden_size), np.int8)
-    s2 = (rng.random((m.num_experts, m.intermediate_size // g, m.hidden_size)) * 0.02
-          + 0.002).astype(np.float16)
+    w13, w2 = reference.random_moe_weights(rng, spec)
+    act = reference.activation_dtype(spec.dtype)
     layers: dict = {}
     packed = None
     results = []
@@ -638,15 +639,15 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             if t > spec.tokens.max:
                 log(f"  T={t}: skipped: above tokens.max ({spec.tokens.max})")
                 continue
-            x = rng.standard_normal((t, m.hidden_size)).astype(np.float16)
+            x = rng.standard_normal((t, m.hidden_size)).astype(act)
             logits = rng.standard_normal((t, m.num_experts)).astype(np.float32)
             ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
-            want = reference.moe_w4a16(x, ids, w, w13, s13, w2, s2, g)
-            xd, ld = cp.asarray(x), cp.asarray(logits)
+            want = reference.moe_w4a16_weights(x, ids, w, w13, w2, g)
+            xd, ld = cp.asarray(host_activation(x)), cp.asarray(logits)
             default = layers.get(None) or MoeW4A16(spec, tuning=None)   # the documented defaults
             layers[None] = default
             if packed is None:        # the weight layout does not depend on the config: pack once
-                packed = default.pack(w13, s13, w2, s2)
+                packed = default.pack(w13, w2)
             default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
             space = config_space(spec, t, default.arch)
             best = (math.inf, None)
@@ -659,7 +660,8 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
                         layer = layers.get(cfg) or MoeW4A16(spec, pipeline=cfg.pipeline(),
                                                             tuning=None)
                         layers[cfg] = layer
-                        _check(cp, layer.out, lambda: layer(xd, ld, packed), want)
+                        _check(cp, layer.out, lambda: layer(xd, ld, packed), want, spec.dtype,
+                               reference.MOE_REL_TOLERANCE[spec.dtype])
                         us = time_call(cp, lambda: layer(xd, ld, packed), reps)
                     except Exception as exc:  # compile failure, resources, wrong numbers: infinite
                         _scored_infinite(cfg, exc, log)
@@ -690,8 +692,9 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
 
     from . import reference
     from .targets.cuda.bench import time_call
-    from .targets.cuda.runtime import MsdMatmul, _cupy
-    cp = _cupy()
+    from .targets.cuda.device import get_cupy
+    from .targets.cuda.runtime import MsdMatmul
+    cp = get_cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
     device = Device.current()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from .ir import Module, parse
+from .ir.core import Value
+from .ir.types import TensorType
 from .resources import pipeline_file
 from .spec import Spec, load_spec
 
@@ -9,6 +11,7 @@ from .spec import Spec, load_spec
 # pass and autotune choose among them); the tall prefill tile's block (the tile pass gives it to
 # calls whose average expert gets many slots) is larger and bounds the routing index buffers.
 MOE_BLOCK_CHOICES = (8, 16, 32, 64)
+ACTIVATION_TYPES = {"float16": "f16", "bfloat16": "bf16"}      # spec dtype -> IR element type
 TALL_BLOCK = 128
 
 
@@ -23,7 +26,7 @@ def symbols(spec: Spec) -> dict[str, int]:
     if spec.pipeline == "moe_w4a16":
         m = spec.moe
         return {"H": m.hidden_size, "I": m.intermediate_size, "E": m.num_experts, "K": m.top_k,
-                "G": g, "B": capacity_block(spec)}
+                "G": g, "B": capacity_block(spec), "A": ACTIVATION_TYPES[spec.dtype]}
     s = spec.msd
     return {"M": s.m, "N": s.n, "K": s.k, "G": g, "S": s.steps}
 
@@ -51,5 +54,28 @@ def build(spec) -> Module:
         for op in module.function().ops:
             if op.NAME == "moe.topk_softmax":
                 op.attrs["renormalize"] = spec.moe.renormalize
+        _quantized_weight_operands(module, spec)
     module.verify()
     return module
+
+
+def _quantized_weight_operands(module: Module, spec: Spec) -> None:
+    """Zero points (quant.symmetric: false) and act-order (quant.act_order): for each grouped
+    GEMM's weight, a function argument %<w>_zero (i4 [E, K/G, N], z - 8) and / or %<w>_g_idx
+    (i32 [E, K], the group of each weight row), passed to the GEMM as its extra operands."""
+    zero, order = not spec.quant.symmetric, spec.quant.act_order
+    if not (zero or order):
+        return
+    fn = module.function()
+    for op in [op for op in fn.ops if op.NAME == "moe.grouped_gemm_w4a16"]:
+        w_q, w_scale = op.operands[1], op.operands[2]
+        stem = w_q.name.removesuffix("_q")
+        extras = []
+        if zero:
+            extras.append(Value(f"{stem}_zero", TensorType(w_scale.type.shape, "i4"), fn.body))
+        if order:
+            e, k, _ = w_q.type.shape
+            extras.append(Value(f"{stem}_g_idx", TensorType((e, k), "i32"), fn.body))
+        fn.body.args.extend(extras)
+        op.operands.extend(extras)
+        op.attrs["zero_points"], op.attrs["act_order"] = zero, order

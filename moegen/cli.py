@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__
@@ -100,7 +101,7 @@ def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
 
 
 def _gpu(fn, *a, **kw):
-    from .targets.cuda.runtime import CudaUnavailable
+    from .targets.cuda.device import CudaUnavailable
     try:
         return fn(*a, **kw)
     except CudaUnavailable as exc:
@@ -169,13 +170,14 @@ def cmd_run(args) -> int:
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.bench import run_msd
         return 0 if _gpu(run_msd, spec, args.seed, tuning=tuning) <= 2e-3 else 1
+    from .reference import MOE_REL_TOLERANCE
     from .targets.cuda.bench import run_moe
     ok = True
     tokens = (_token_list(tokens_text, spec.tokens.max) if tokens_text is not None
               else [min(16, spec.tokens.max)])
     for t in tokens:
         err = _gpu(run_moe, spec, t, args.seed, tuning=tuning)
-        ok = ok and err <= 2e-3
+        ok = ok and err <= MOE_REL_TOLERANCE[spec.dtype]
     return 0 if ok else 1
 
 
@@ -191,9 +193,10 @@ def cmd_bench(args) -> int:
             raise UsageError("--pass-pipeline: an msd_matmul bench times its fixed variants "
                              "(basic, preload, s4, dequant); set tile options in a tuning "
                              "database instead")
-        if args.experts is not None:
-            raise UsageError("--experts: routes the tokens of a moe_w4a16 spec; this is an "
-                             "msd_matmul spec")
+        if args.experts is not None or args.dtype:
+            flag = "--experts" if args.experts is not None else "--dtype"
+            raise UsageError(f"{flag}: a moe_w4a16 bench option; this is an msd_matmul spec "
+                             f"(fp16 activations only)")
         rows = (_token_list(args.rows, flag="--rows") if args.rows is not None
                 else [spec.msd.m])
         _gpu(bench_msd, spec, args.json, args.reps, rows, tuning=tuning,
@@ -207,9 +210,22 @@ def cmd_bench(args) -> int:
         check_experts(spec, args.experts)
     except ValueError as exc:
         raise UsageError(f"--{exc}") from None
+    if args.dtype and args.dtype != "both":
+        spec = replace(spec, dtype=args.dtype)
+    if args.pack_layers is not None:
+        if args.pack_layers < 1 or args.dtype == "both":
+            raise UsageError(f"--pack-layers {args.pack_layers}: a layer count of at least 1, "
+                             f"with one --dtype")
+        from .targets.cuda.bench import bench_pack
+        _gpu(bench_pack, spec, args.pack_layers)
+        return 0
+    kw = dict(tuning=tuning, pipeline=args.pass_pipeline, experts=args.experts)
+    if args.dtype == "both":
+        from .targets.cuda.bench import bench_dtypes
+        _gpu(bench_dtypes, spec, _token_list(tokens_text), args.json, args.reps, **kw)
+        return 0
     _gpu(bench_moe, spec, _token_list(tokens_text), args.json, args.reps,
-         not args.no_baseline, tuning=tuning, pipeline=args.pass_pipeline,
-         experts=args.experts)
+         not args.no_baseline, **kw)
     return 0
 
 
@@ -392,6 +408,11 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--experts", type=int, metavar="N", help="moe_w4a16 specs: route every "
                    "token among the first N experts (a skewed router; default: a random "
                    "router over all of them)")
+    s.add_argument("--dtype", choices=["float16", "bfloat16", "both"], help="moe_w4a16 specs: "
+                   "time the layer with these activations instead of the spec's; both: fp16 "
+                   "and bf16, then the two side by side")
+    s.add_argument("--pack-layers", type=int, metavar="N", help="moe_w4a16 specs: instead, time "
+                   "packing N layers of random weights on the GPU")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

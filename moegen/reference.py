@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import interp
+from .ir.types import numpy_dtype
+from .quant import QuantizedWeight
 
 
 def topk_softmax(logits, k: int, renormalize: bool = True):
@@ -50,12 +52,17 @@ def align_block_size(topk_ids, num_experts: int, block_size: int, topk_weights=N
 
 
 def moe_w4a16(x, topk_ids, topk_weights, w13_q, w13_scale, w2_q, w2_scale, group_size: int,
-              block_size: int = 8) -> np.ndarray:
+              block_size: int = 8, *, w13_zero=None, w2_zero=None, w13_g_idx=None,
+              w2_g_idx=None) -> np.ndarray:
     """float32 [T, H]: out[t] = sum_k w[t,k] * (silu(g) * u) @ W2[e], g | u = x[t] @ W13[e].
 
     w13_q int8 [E, H, 2I] (columns [0, I) gate, [I, 2I) up), w13_scale [E, H/G, 2I];
-    w2_q int8 [E, I, H], w2_scale [E, I/G, H]; weight = q * scale. Computed in float32 without
-    rounding intermediates (the block size does not change the result).
+    w2_q int8 [E, I, H], w2_scale [E, I/G, H]; weight = (q - zero) * scale of the row's group:
+    zeros (int8 [E, K/G, N], z - 8 in [-8, 7]; None = 0, symmetric) and g_idx (int [E, K], the
+    group of each row, GPTQ act-order; None = row // group_size) are optional. x may be fp16,
+    bf16 (ml_dtypes) or float32. A slot whose expert id lies outside [0, E) is skipped (adds 0).
+    Computed in float32 without rounding intermediates (the block size does not change the
+    result).
     """
     x = np.asarray(x)
     ids = np.asarray(topk_ids, dtype=np.int32)
@@ -65,11 +72,64 @@ def moe_w4a16(x, topk_ids, topk_weights, w13_q, w13_scale, w2_q, w2_scale, group
                                                                block_size)
     route = dict(sorted_ids=sorted_ids, expert_ids=expert_ids, total=total,
                  weights_flat=weights_flat, block=block_size, group_size=group_size)
-    gate_up = interp.grouped_gemm_w4a16(x.astype(np.float32), w13_q, w13_scale, topk=k,
-                                        mul_topk_weights=False, **route)
+
+    def gemm(a, w_q, w_scale, zero, g_idx, **kw):
+        extras = [e for e in (zero, g_idx) if e is not None]
+        return interp.grouped_gemm_w4a16(a, w_q, w_scale, route["sorted_ids"],
+                                         route["expert_ids"], route["total"],
+                                         route["weights_flat"], *extras, block=block_size,
+                                         group_size=group_size, zero_points=zero is not None,
+                                         act_order=g_idx is not None, **kw)
+
+    gate_up = gemm(x.astype(np.float32), w13_q, w13_scale, w13_zero, w13_g_idx, topk=k,
+                   mul_topk_weights=False)
     act = interp.swiglu(gate_up)
-    down = interp.grouped_gemm_w4a16(act, w2_q, w2_scale, topk=1, mul_topk_weights=True, **route)
+    down = gemm(act, w2_q, w2_scale, w2_zero, w2_g_idx, topk=1, mul_topk_weights=True)
     return interp.aggregate(down, k).astype(np.float32)
+
+
+# The relative error a kernel's [T, H] output may have against `moe_w4a16` (float32, nothing
+# rounded on the way): the kernels round the GEMMs' rows and the output to the activations'
+# type, so the limit is the same multiple of each type's unit roundoff (2^-11 fp16, 2^-8 bf16).
+MOE_REL_TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def activation_dtype(dtype: str) -> np.dtype:
+    """numpy's type for a spec's dtype ("float16" or "bfloat16", the latter from ml_dtypes)."""
+    return numpy_dtype("bf16" if dtype == "bfloat16" else "f16")
+
+
+def random_quantized(rng, shape: tuple[int, int, int], group_size: int, dtype: str = "float16",
+                     zero_points: bool = False, act_order: bool = False) -> QuantizedWeight:
+    """A random int4 weight [E, K, N] in the reference layout: q uniform in [-8, 7], scales in
+    [0.002, 0.022) of `dtype`, and as asked zero points uniform in [-8, 7] and a GPTQ act-order
+    g_idx (each expert's rows in a random order, group j / G of that order)."""
+    e, k, n = shape
+    q = rng.integers(-8, 8, shape, dtype=np.int8)
+    scales = (rng.random((e, k // group_size, n)) * 0.02 + 0.002).astype(activation_dtype(dtype))
+    zeros = rng.integers(-8, 8, (e, k // group_size, n), dtype=np.int8) if zero_points else None
+    g_idx = None
+    if act_order:
+        order = np.argsort(rng.random((e, k)), axis=-1)          # the rows of group j / G
+        g_idx = (np.argsort(order, axis=-1) // group_size).astype(np.int32)
+    return QuantizedWeight(q, scales, zeros, g_idx)
+
+
+def random_moe_weights(rng, spec) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """(w13 [E, H, 2I], w2 [E, I, H]) drawn by `random_quantized` as a moe_w4a16 spec asks."""
+    m, q = spec.moe, spec.quant
+    kw = dict(group_size=q.group_size, dtype=spec.dtype, zero_points=not q.symmetric,
+              act_order=q.act_order)
+    return (random_quantized(rng, (m.num_experts, m.hidden_size, 2 * m.intermediate_size), **kw),
+            random_quantized(rng, (m.num_experts, m.intermediate_size, m.hidden_size), **kw))
+
+
+def moe_w4a16_weights(x, topk_ids, topk_weights, w13: QuantizedWeight, w2: QuantizedWeight,
+                      group_size: int) -> np.ndarray:
+    """`moe_w4a16` with the weights as QuantizedWeight."""
+    return moe_w4a16(x, topk_ids, topk_weights, w13.q, w13.scales, w2.q, w2.scales, group_size,
+                     w13_zero=w13.zeros, w2_zero=w2.zeros, w13_g_idx=w13.g_idx,
+                     w2_g_idx=w2.g_idx)
 
 
 def msd_unfold(x, group_size: int = 128, steps: int = 3):

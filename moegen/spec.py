@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import yaml
 
 PIPELINES = ("moe_w4a16", "msd_matmul")
-DTYPES = ("float16",)
+DTYPES = ("float16", "bfloat16")
 SCHEDULES = ("basic", "preload")
 LOWERINGS = ("msd", "dequant")
 GROUP_SIZES = (32, 64, 128)
@@ -42,7 +42,8 @@ class MoeSpec:
 class QuantSpec:
     bits: int = 4
     group_size: int = 128
-    symmetric: bool = True
+    symmetric: bool = True       # False: a zero point per group and column, w = (q - z) * s
+    act_order: bool = False      # GPTQ desc_act: each weight row's group given by g_idx
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,14 @@ def parse_spec(data: Any) -> Spec:
     schedule = _choice(data, "schedule", "", SCHEDULES, "preload")
     lowering = _choice(data, "lowering", "", LOWERINGS, "msd")
     quant = _quant(data.get("quant", {}))
+    if pipeline == "msd_matmul":
+        if dtype != "float16":
+            _fail("dtype", dtype, "must be float16 for pipeline: msd_matmul (its slices and "
+                                  "merge are fp16)")
+        if not quant.symmetric or quant.act_order:
+            key = "quant.symmetric" if not quant.symmetric else "quant.act_order"
+            _fail(key, getattr(quant, key.split(".")[1]), "is only supported by pipeline: "
+                                                          "moe_w4a16 (MSD takes symmetric int4)")
     tk = data.get("tokens", {})
     _section(tk, "tokens", ("max",))
     tokens = TokensSpec(_int(tk, "max", "tokens", 8192))
@@ -211,13 +220,12 @@ def parse_spec(data: Any) -> Spec:
 
 
 def _quant(q: Any) -> QuantSpec:
-    _section(q, "quant", ("bits", "group_size", "symmetric"))
+    _section(q, "quant", ("bits", "group_size", "symmetric", "act_order"))
     bits = _choice(q, "bits", "quant", (4,), 4)
     group = _choice(q, "group_size", "quant", GROUP_SIZES, 128)
     symmetric = _bool(q, "symmetric", "quant", True)
-    if not symmetric:
-        _fail("quant.symmetric", symmetric, "must be true (zero points are not supported yet)")
-    return QuantSpec(bits, group, symmetric)
+    act_order = _bool(q, "act_order", "quant", False)
+    return QuantSpec(bits, group, symmetric, act_order)
 
 
 def _moe(m: Any, group: int) -> MoeSpec:

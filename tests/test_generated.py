@@ -14,7 +14,8 @@ from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from conftest import ROOT
 
 GENERATED = ROOT / "generated"
-CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite", "msd-seed"]
+CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+                 "qwen3-30b-a3b-awq", "mixtral-8x7b-gptq", "msd-seed"]
 
 
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)
@@ -44,8 +45,10 @@ def test_launch_plan():
             k["name"]
     ws = plan["workspace"]
     spans = sorted((b["offset"], b["offset"] + b["bytes"]) for b in ws["buffers"].values())
-    assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"] < ws["counters"]["offset"]
-    assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["bytes"]
+    assert spans[-1][1] <= ws["arena_bytes"] <= ws["partials"]["offset"]
+    assert ws["partials"]["offset"] + ws["partials"]["bytes"] <= ws["bytes"]
+    state = plan["state"]             # the layer's own: arrival counters, zero between calls
+    assert state["counters"]["offset"] + 4 * state["counters"]["ints"] <= state["bytes"]
     assert plan["buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [159, 32], [8192, 128]]
     # T >= 160 (40 slots an expert, of 8 experts): the tall tile, 16 warps, in dynamic shared
     # memory
@@ -75,9 +78,9 @@ def test_launch_plan():
         if v["split"] > 1:
             blocks = -(-64 * 2 // 32) + 8
             assert ws["partials"]["bytes"] >= blocks * g["ntiles"] * 64 * 32 * 4 * v["split"]
-            assert ws["counters"]["ints"] >= blocks * g["ntiles"] // v["col_tiles"]
+            assert state["counters"]["ints"] >= blocks * g["ntiles"] // v["col_tiles"]
     # the down GEMM splits K at T = 1 (2 experts x 64 tiles < 132 SMs): it has a partials area
-    assert ws["partials"]["bytes"] > 0 and ws["counters"]["ints"] > 0
+    assert ws["partials"]["bytes"] > 0 and state["counters"]["ints"] > 0
 
 
 def test_the_k_split_gemms_follow_with_pdl():
@@ -421,13 +424,16 @@ def test_fused_topk_sum_plan():
     assert "moe_aggregate" not in [k["name"] for k in plan["kernels"]]
     up, down = plan["gemms"]
     assert (up["epilogue"], up["sum_topk"], down["epilogue"], down["sum_topk"]) == (1, 0, 2, 2)
-    ws = plan["workspace"]
-    assert ws["sum_counters"] == {"offset": ws["sum_counters"]["offset"], "ints": down["ntiles"]}
-    assert ws["counters"]["offset"] + 4 * ws["counters"]["ints"] <= ws["sum_counters"]["offset"]
-    assert ws["sum_counters"]["offset"] + 4 * down["ntiles"] <= ws["bytes"]
+    state = plan["state"]
+    assert state["sum_counters"] == {"offset": state["sum_counters"]["offset"],
+                                     "ints": down["ntiles"]}
+    assert (state["counters"]["offset"] + 4 * state["counters"]["ints"]
+            <= state["sum_counters"]["offset"])
+    assert state["sum_counters"]["offset"] + 4 * down["ntiles"] <= state["bytes"]
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
         sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1).rstrip()
-        assert sig.endswith("half* sum_out, int* sum_counters"), v["kernel"]
+        assert sig.endswith("act_t* sum_out, int* sum_counters,\n    const int* routed_ids"), \
+            v["kernel"]
         # every call sums 2 top-k rows and multiplies the routing weights; the K-split one
         # follows gate/up under PDL; the wide ones, split over K, take the grid's split (the
         # warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with the same
@@ -449,9 +455,12 @@ def test_fused_topk_sum_plan():
                 assert args.get("SPLIT", "1") == str(v["split"]), (fn, v["kernel"])
                 assert (args.get("DYNAMIC_SHARED") == "true") == (fn == "grouped_gemm_wide"
                                                                   and v["tall"])
-        ends = ("out,\n      partials, counters, sum_out, sum_counters);" if v["col_tiles"] == 1 else
-                "out,\n      sum_out, sum_counters" + (", partials, counters" if v["split"] > 1
-                                                        else "") + ");")
+        # (and the caller's expert ids: slots routed outside [0, E) are left out of the sum)
+        routed = ",\n      moegen::Routed{routed_ids, E});"
+        ends = ("out,\n      partials, counters, sum_out, sum_counters" + routed
+                if v["col_tiles"] == 1 else
+                "out,\n      sum_out, sum_counters, " + ("partials, counters" if v["split"] > 1
+                                                         else "nullptr, nullptr") + routed)
         assert body.rstrip().endswith(ends), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:
@@ -567,7 +576,8 @@ def test_named_template_arguments_match_the_header():
                                             r"void (grouped_gemm\w*)\(", header)}
     assert set(params) == {"grouped_gemm", "grouped_gemm_wide", "grouped_gemm_wgmma",
                            "grouped_gemm_wgmma_tall"}
-    sources = [(GENERATED / "cuda" / n / f"{n}.cu").read_text() for n in CUDA_EXAMPLES[:4]]
+    sources = [(GENERATED / "cuda" / n / f"{n}.cu").read_text() for n in CUDA_EXAMPLES
+               if n != "msd-seed"]
     spec = moegen.load_spec({**_msd_seed_dict(), "lowering": "dequant"})
     sources.append(emit(spec, "cuda")[f"{spec.name}.cu"])
     calls = [(fn, re.findall(r"/\*(\w+)=\*/", args)) for src in sources

@@ -8,7 +8,7 @@ from conftest import EXAMPLES
 
 MOE_TEXT = pipeline_file("moe_w4a16").read_text()
 MSD_TEXT = pipeline_file("msd_matmul").read_text()
-ENV_MOE = {"H": 256, "I": 128, "E": 8, "K": 2, "G": 128, "B": 16}
+ENV_MOE = {"H": 256, "I": 128, "E": 8, "K": 2, "G": 128, "B": 16, "A": "f16"}
 ENV_MSD = {"M": 2, "N": 64, "K": 512, "G": 128, "S": 3}
 
 
@@ -137,7 +137,8 @@ VERIFY_RULES = [
     ("moe", "topk = 1, mul_topk_weights = true, group_size = G}",
      "topk = 1, mul_topk_weights = true, group_size = G, epilogue = \"swiglu\"}", "must not be applied before the SwiGLU"),
     ("moe", "{topk = K} :", "{topk = 1} :", "rows of down must equal tokens x topk"),
-    ("moe", "    return(%out) : (tensor<?xHxf16>) -> ()\n", "", "must end with return"),
+    ("moe", "    return(%out) : (tensor<?xHxA>) -> ()\n", "", "must end with return"),
+    ("moe", "group_size = G}", "group_size = G, zero_points = true}", "takes 1 extra operand"),
     ("msd", "{steps = S}", "{steps = 4, factors = [1.0, 2.0, 3.0, 4.0]}", "must be in 1..3"),
     ("msd", "{steps = S}", "{steps = S, factors = [7.49, 14.98]}", "factors has 2 entries"),
     ("msd", "{steps = S}", "{steps = S, factors = [7.49, -1.0, 14.98]}", "must be positive"),
@@ -222,6 +223,21 @@ def test_verifier_gemm_shapes():
     gemm = _op(module, "moe.grouped_gemm_w4a16")
     gemm.operands[2].type = parse_type("tensor<8x4x256xf16>")
     with pytest.raises(VerifyError, match="w_scale %w13_scale must have shape 8x2x256"):
+        module.verify()
+
+
+def test_verifier_activation_types():
+    """x, the scales and the outputs of the MoE ops share one element type, f16 or bf16."""
+    module = parse(MOE_TEXT, env={**ENV_MOE, "A": "bf16"})
+    module.verify()
+    gemm = _op(module, "moe.grouped_gemm_w4a16")
+    assert gemm.operands[0].type.dtype == "bf16"
+    gemm.operands[2].type = parse_type("tensor<8x2x256xf16>")
+    with pytest.raises(VerifyError, match="w_scale %w13_scale must have element type bf16"):
+        module.verify()
+    module = parse(MOE_TEXT, env=ENV_MOE)
+    _op(module, "moe.grouped_gemm_w4a16").operands[0].type = parse_type("tensor<?x256xf32>")
+    with pytest.raises(VerifyError, match="x %x must have element type f16 or bf16, got f32"):
         module.verify()
 
 

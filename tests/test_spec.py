@@ -37,7 +37,11 @@ def test_examples_load(path):
 def test_example_shapes():
     by_name = {p.stem: load_spec(p) for p in EXAMPLES}
     assert set(by_name) == {"moe-seed", "msd-seed", "mixtral-8x7b", "qwen3-30b-a3b",
-                            "deepseek-v2-lite"}
+                            "deepseek-v2-lite", "qwen3-30b-a3b-awq", "mixtral-8x7b-gptq"}
+    awq, gptq = by_name["qwen3-30b-a3b-awq"], by_name["mixtral-8x7b-gptq"]
+    assert (awq.dtype, awq.quant.symmetric, awq.quant.act_order) == ("bfloat16", False, False)
+    assert (gptq.dtype, gptq.quant.symmetric, gptq.quant.act_order) == ("float16", True, True)
+    assert awq.moe == by_name["qwen3-30b-a3b"].moe and gptq.moe == by_name["mixtral-8x7b"].moe
     m = by_name["mixtral-8x7b"].moe
     assert (m.hidden_size, m.intermediate_size, m.num_experts, m.top_k) == (4096, 14336, 8, 2)
     m = by_name["qwen3-30b-a3b"].moe
@@ -81,7 +85,10 @@ RULES = [
     (MOE, "moe.block_size", 12, ["moe.block_size", "12", "one of"]),
     (MOE, "quant.group_size", 96, ["quant.group_size", "96", "32, 64, 128"]),
     (MOE, "quant.bits", 8, ["quant.bits", "8"]),
-    (MOE, "quant.symmetric", False, ["quant.symmetric", "zero points"]),
+    (MSD, "quant.symmetric", False, ["quant.symmetric", "only supported by pipeline: moe_w4a16"]),
+    (MSD, "quant.act_order", True, ["quant.act_order", "only supported by pipeline: moe_w4a16"]),
+    (MOE, "quant.act_order", "yes", ["quant.act_order", "true or false"]),
+    (MSD, "dtype", "bfloat16", ["dtype", "float16 for pipeline: msd_matmul"]),
     (MOE, "tokens.max", 0, ["tokens.max", ">= 1"]),
     (MOE, "moe", ..., ["moe", "required"]),
     (MOE, "moe.top_k", ..., ["moe.top_k", "required"]),

@@ -13,7 +13,7 @@ import numpy as np
 
 from .core import PASS_ATTRS, Function, Op
 from .ops.msd import DEFAULT_FACTORS
-from .types import DTYPES, IndexType, TensorType
+from .types import IndexType, TensorType, numpy_dtype
 
 SEMANTICS: dict[str, Callable] = {}
 
@@ -46,12 +46,17 @@ def topk_softmax(logits: np.ndarray, k: int, renormalize: bool = True):
     return ids, weights
 
 
+def routed(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """Which slots are routed: an expert id outside [0, E) (vLLM marks the experts of other
+    ranks -1) means the slot is skipped, and contributes 0 to its token."""
+    flat = np.asarray(ids).ravel()
+    return (flat >= 0) & (flat < num_experts)
+
+
 @semantics("moe.count")
 def count(ids: np.ndarray, num_experts: int):
     flat = np.asarray(ids).ravel()
-    if flat.size and (flat.min() < 0 or flat.max() >= num_experts):
-        raise ValueError(f"topk ids must lie in [0, {num_experts}), got {flat.min()}..{flat.max()}")
-    return np.bincount(flat, minlength=num_experts).astype(np.int32)
+    return np.bincount(flat[routed(flat, num_experts)], minlength=num_experts).astype(np.int32)
 
 
 @semantics("moe.pad_scan")
@@ -68,8 +73,9 @@ def slot_lists(ids: np.ndarray, num_experts: int):
     flat = np.asarray(ids).ravel()
     sentinel = flat.size
     slots = np.full((num_experts, flat.size), sentinel, dtype=np.int32)
-    order = np.argsort(flat, kind="stable")  # slots grouped by expert, ascending within each
-    counts = np.bincount(flat, minlength=num_experts)
+    keep = np.nonzero(routed(flat, num_experts))[0]
+    order = keep[np.argsort(flat[keep], kind="stable")]  # by expert, ascending within each
+    counts = np.bincount(flat[keep], minlength=num_experts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     for e in np.nonzero(counts)[0]:
         slots[e, :counts[e]] = order[starts[e]:starts[e] + counts[e]]
@@ -110,9 +116,17 @@ def align(ids: np.ndarray, weights: np.ndarray, num_experts: int, block: int,
 
 # --- MoE compute -------------------------------------------------------------------------------
 
-def dequant(w_q: np.ndarray, scale: np.ndarray, group_size: int, dtype=np.float32) -> np.ndarray:
-    """int4 values [..., K, N] times their group scale [..., K/G, N]."""
-    return w_q.astype(dtype) * np.repeat(scale.astype(dtype), group_size, axis=-2)
+def dequant(w_q: np.ndarray, scale: np.ndarray, group_size: int, dtype=np.float32,
+            zero: np.ndarray | None = None, g_idx: np.ndarray | None = None) -> np.ndarray:
+    """w [..., K, N] = (int4 values - zero) times the scale of each row's group: the group of
+    row k is k / group_size, or g_idx[k] (act-order); zero [..., K/G, N] (z - 8, in [-8, 7])
+    defaults to 0 (symmetric)."""
+    k = w_q.shape[-2]
+    groups = np.arange(k) // group_size if g_idx is None else np.asarray(g_idx)
+    q = w_q.astype(dtype)
+    if zero is not None:
+        q = q - np.take(zero.astype(dtype), groups, axis=-2)
+    return q * np.take(scale.astype(dtype), groups, axis=-2)
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
@@ -123,9 +137,17 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
 
 
 @semantics("moe.grouped_gemm_w4a16")
-def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_flat, block: int,
-                       topk: int, mul_topk_weights: bool, group_size: int,
-                       epilogue: str = "none", sum_topk: int = 1):
+def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_flat, *extras,
+                       block: int, topk: int, mul_topk_weights: bool, group_size: int,
+                       epilogue: str = "none", sum_topk: int = 1, zero_points: bool = False,
+                       act_order: bool = False, store=np.float16):
+    """`extras`: w_zero [E, K/G, N] when zero_points, g_idx [E, K] when act_order (after it).
+    `store`: the type the kernel stores the rows in before a topk_sum epilogue sums them."""
+    if len(extras) != zero_points + act_order:
+        raise ValueError(f"grouped_gemm_w4a16 takes {zero_points + act_order} extra operands "
+                         f"(w_zero, g_idx), got {len(extras)}")
+    w_zero = extras[0] if zero_points else None
+    g_idx = extras[-1] if act_order else None
     x = _float(np.asarray(x))
     rows_out = x.shape[0] * topk
     n = w_q.shape[-1] // (2 if epilogue == "swiglu" else 1)
@@ -138,7 +160,8 @@ def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_f
     for e in np.unique(experts):
         r = rows[experts == e]
         slots = sorted_ids[r]
-        w = dequant(w_q[e], w_scale[e], group_size, x.dtype)
+        w = dequant(w_q[e], w_scale[e], group_size, x.dtype,
+                    None if w_zero is None else w_zero[e], None if g_idx is None else g_idx[e])
         y = x[slots // topk] @ w
         if epilogue == "swiglu":
             y = silu_mul(y)
@@ -146,7 +169,7 @@ def grouped_gemm_w4a16(x, w_q, w_scale, sorted_ids, expert_ids, total, weights_f
             y = y * np.asarray(weights_flat)[r][:, None].astype(x.dtype)
         out[slots] = y
     if epilogue == "topk_sum":      # the rows as stored (fp16), then summed as moe.aggregate
-        return out, aggregate(out.astype(np.float16), sum_topk)
+        return out, aggregate(out.astype(store), sum_topk)
     return out
 
 
@@ -232,7 +255,7 @@ def cast(src):
 def _store(value: np.ndarray, t) -> np.ndarray:
     if isinstance(t, IndexType):
         return value
-    np_dtype = np.dtype(DTYPES[t.dtype].numpy)
+    np_dtype = numpy_dtype(t.dtype)
     if t.dtype == "i4":
         v = np.asarray(value)
         if v.size and (v.min() < -8 or v.max() > 7):
@@ -290,9 +313,12 @@ def _run_block(block, values: dict, env: dict) -> list[np.ndarray]:
             outs = [acc]
         elif op.NAME == "tensor.zeros":
             t: TensorType = op.results[0].type
-            outs = [zeros(tuple(d.eval(env) for d in t.shape), DTYPES[t.dtype].numpy)]
+            outs = [zeros(tuple(d.eval(env) for d in t.shape), numpy_dtype(t.dtype))]
         else:
-            result = SEMANTICS[op.NAME](*args, **_attrs_for(op, env))
+            attrs = _attrs_for(op, env)
+            if op.NAME == "moe.grouped_gemm_w4a16":       # rows stored in the output's type
+                attrs["store"] = numpy_dtype(op.results[0].type.dtype)
+            result = SEMANTICS[op.NAME](*args, **attrs)
             outs = list(result) if isinstance(result, tuple) else [result]
         for r, v in zip(op.results, outs):
             values[id(r)] = _store(v, r.type)

@@ -29,14 +29,25 @@ class DType:
 # The one table every part of moegen reads dtypes from.
 DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("f16", 16, "float16", "half", "half"),
-    DType("bf16", 16, "float32", "__nv_bfloat16", "bfloat16_t"),
+    DType("bf16", 16, "bfloat16", "__nv_bfloat16", "bfloat16_t"),
     DType("f32", 32, "float32", "float", "float"),
     DType("i32", 32, "int32", "int32_t", "int32_t"),
     DType("i8", 8, "int8", "int8_t", "int8_t"),
     DType("i4", 4, "int8", "uint8_t", "int4b_t"),
 )}
 
-_SYM = re.compile(r"\?|[A-Z][A-Z0-9_]*")
+# An element type may be a symbol (upper case, as dims) that the spec binds, e.g. A for the
+# activations' type: tensor<?xHxA> is tensor<?xHxf16> or tensor<?xHxbf16> once built.
+_ELEMENT_SYMBOL = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype that holds one element of IR type `name` (bf16: ml_dtypes.bfloat16)."""
+    spelled = DTYPES[name].numpy
+    if spelled == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(spelled)
 _TOKEN = re.compile(r"\s*(?:(\d+)|(\?|[A-Z][A-Z0-9_]*)|([-+*/]))")
 
 
@@ -127,7 +138,7 @@ class Dim:
         for mono, coef in self.terms.items():
             c, rest = coef, []
             for s, p in mono:
-                if s in env:
+                if isinstance(env.get(s), (int, np.integer)):     # (element symbols: str)
                     c *= Fraction(int(env[s])) ** p
                 else:
                     rest.append((s, p))
@@ -218,8 +229,9 @@ class TensorType:
     dtype: str
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise DimError(f"unknown element type {self.dtype!r} (known: {', '.join(DTYPES)})")
+        if self.dtype not in DTYPES and not _ELEMENT_SYMBOL.fullmatch(self.dtype):
+            raise DimError(f"unknown element type {self.dtype!r} (known: {', '.join(DTYPES)}, "
+                           "or an upper-case symbol the spec binds)")
         object.__setattr__(self, "shape", tuple(Dim.of(d) for d in self.shape))
 
     @property
@@ -227,7 +239,11 @@ class TensorType:
         return len(self.shape)
 
     def subs(self, env: dict) -> "TensorType":
-        return TensorType(tuple(d.subs(env) for d in self.shape), self.dtype)
+        dtype = env.get(self.dtype, self.dtype) if self.dtype not in DTYPES else self.dtype
+        if dtype not in DTYPES and not _ELEMENT_SYMBOL.fullmatch(str(dtype)):
+            raise DimError(f"element type {self.dtype} bound to {dtype!r}, not one of "
+                           f"{', '.join(DTYPES)}")
+        return TensorType(tuple(d.subs(env) for d in self.shape), dtype)
 
     def num_bytes(self, env: dict) -> int:
         """Bytes of one instance with every symbol bound by env (``?`` included)."""
@@ -260,6 +276,7 @@ def parse_type(text: str) -> Type:
         raise DimError(f"bad type {text!r}: expected tensor<...> or index")
     body = text[len("tensor<"):-1]
     parts = body.split("x")
-    if not parts or parts[-1] not in DTYPES:
-        raise DimError(f"bad type {text!r}: element type must be one of {', '.join(DTYPES)}")
+    if not parts or not (parts[-1] in DTYPES or _ELEMENT_SYMBOL.fullmatch(parts[-1])):
+        raise DimError(f"bad type {text!r}: element type must be one of {', '.join(DTYPES)} "
+                       "or an upper-case symbol")
     return TensorType(tuple(Dim.parse(p) for p in parts[:-1]), parts[-1])

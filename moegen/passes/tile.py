@@ -285,11 +285,17 @@ def tall_block_k(group: int) -> int:
     return bk
 
 
-def tall_stages(most: int, block_k: int) -> int:
+def group_bytes(zeros: bool) -> int:
+    """A 64-column tile's bytes of a scale group in a copy ring: its scales, and its zero points
+    where the weights have them (staged after the scales)."""
+    return SCALE_BYTES * (2 if zeros else 1)
+
+
+def tall_stages(most: int, block_k: int, zeros: bool = False) -> int:
     """Ring stages of the tall tile asked for at most `most`: 3 at least, fewer than `most`
     where the dynamic shared memory would not hold them."""
     stages = max(3, most)
-    while stages > 3 and tall_shared_bytes(TALL_BLOCK, stages, block_k) > SHARED_OPT_IN:
+    while stages > 3 and tall_shared_bytes(TALL_BLOCK, stages, block_k, zeros) > SHARED_OPT_IN:
         stages -= 1
     return stages
 
@@ -422,12 +428,12 @@ def wide_col_tiles(ntiles: int, block: int, most: int) -> int:
     return cols
 
 
-def wide_stages(block: int, col_tiles: int, most: int, block_k: int) -> int:
+def wide_stages(block: int, col_tiles: int, most: int, block_k: int, zeros: bool = False) -> int:
     """Ring stages of the wide CTA (one ring for the CTA, each stage holding block_k of its
-    weight tiles and rows, and where a scale group starts its scales): `most`, fewer where the
-    ring would pass the static shared memory."""
+    weight tiles and rows, and where a scale group starts its scales and zeros): `most`, fewer
+    where the ring would pass the static shared memory."""
     ks = block_k // 16
-    stage = col_tiles * (ks * 512 + SCALE_BYTES) + block * (32 * ks + RING_ROW_PAD)
+    stage = col_tiles * (ks * 512 + group_bytes(zeros)) + block * (32 * ks + RING_ROW_PAD)
     return max(2, min(most, (SHARED_PER_CTA - 64) // stage))
 
 
@@ -446,15 +452,15 @@ def tall_wide_block_k(block_k: int) -> int:
     return min(block_k, 64)
 
 
-def tall_shared_bytes(block: int, stages: int, block_k: int) -> int:
+def tall_shared_bytes(block: int, stages: int, block_k: int, zeros: bool = False) -> int:
     """Dynamic shared memory of a tall-tile GEMM kernel: the larger of the tall tile's (its ring,
     or the block's fp32 outputs of 4 column tiles, rows padded by 4 words) and that of the wide
     CTA in its place where the GPU has no warpgroup MMA (its ring, or its warps' fp16 output
     rows)."""
     ks, wide_ks, cols = block_k // 16, tall_wide_block_k(block_k) // 16, TALL_TILE["col_tiles"]
-    tall = max(stages * (cols * (ks * 512 + SCALE_BYTES) + block * ks * 32),
+    tall = max(stages * (cols * (ks * 512 + group_bytes(zeros)) + block * ks * 32),
                cols * block * (64 + 4) * 4)
-    wide = max(stages * (cols * (wide_ks * 512 + SCALE_BYTES)
+    wide = max(stages * (cols * (wide_ks * 512 + group_bytes(zeros))
                          + block * (32 * wide_ks + RING_ROW_PAD)),
                cols * block * (64 + 8) * 2)
     return max(tall, wide)
@@ -467,7 +473,8 @@ def one_token_routing_bytes(top_k: int, block: int) -> int:
     return align_up(8 * top_k * block + 4 * top_k + 4, 1024) + 1024
 
 
-def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: int = 0) -> int:
+def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: int = 0,
+                zeros: bool = False) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per
     warp, each stage holding a k16 step's weights, 512 B, the block's rows padded to a
     multiple of 8 and room for a group's scales) would pass its static shared memory; from 4
@@ -481,7 +488,7 @@ def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: 
     12; block 32 at T = 64: 426 us at 4 stages against 440 at 5). (Measured too: building the
     decode blocks for 8 CTAs per SM, 64 registers and 4 stages, was 10-30% slower.)"""
     ks = block_k // 16
-    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD) + SCALE_BYTES
+    stage = 512 * ks + align_up(block, 8) * (32 * ks + RING_ROW_PAD) + group_bytes(zeros)
     fits = max(2, min(most, (SHARED_PER_CTA - 64 - reserved) // (warps * stage)))
     return fits if fits < 4 else 1 << (fits.bit_length() - 1)
 
@@ -696,6 +703,8 @@ class TilePass(Pass):
                 op.attrs["router"] = self.option("router")
                 op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
                 op.attrs["gemm_route"] = self._gemm_route(spec.moe.top_k)
+                if spec.quant.act_order:
+                    self._routing_in_memory(op)
             if op.NAME == "moe.grouped_gemm_w4a16":
                 for name in ("mma", "vec-warps", "cube-warps"):
                     if self.option(name) is not None:
@@ -783,6 +792,17 @@ class TilePass(Pass):
                                 f"slots of top-k {top_k})")
         return n
 
+    def _routing_in_memory(self, router) -> None:
+        """Act-order: the activations are gathered per slot by its expert's row order, which
+        reads the routing from memory: the router never runs inside the align kernel or the
+        GEMMs (an error where an option asks it to)."""
+        for option in ("route-align-tokens", "route-in-gemm"):
+            if self.option(option):
+                raise PipelineError(f"tile{{{option}={self.option(option)}}}: an act-order spec "
+                                    "(quant.act_order) routes through the router kernel: its "
+                                    "activations are gathered by the slots' experts")
+        router.attrs["align_tokens"], router.attrs["gemm_route"] = 0, False
+
     def _gemm_route(self, top_k: int) -> bool:
         """Whether a call of one token with router logits is routed inside the GEMMs' CTAs
         (the first bucket's kernels, where they are K-split CTAs: the emitter): by default
@@ -836,9 +856,10 @@ class TilePass(Pass):
         # one token gains: the routing stays with align, unless route-in-gemm=1 asks)
         routed = one_token_routing_bytes(spec.moe.top_k, buckets[0][1]) \
             if self._gemm_route(spec.moe.top_k) else 0
-        stages = [gemm_stages(block, w, m, bk, routed if i == 0 else 0)
+        zeros = not spec.quant.symmetric
+        stages = [gemm_stages(block, w, m, bk, routed if i == 0 else 0, zeros)
                   for i, ((_, block), m, w, bk) in enumerate(zip(buckets, most, warps, block_k))]
-        plain = gemm_stages(buckets[0][1], warps[0], most[0], block_k[0])
+        plain = gemm_stages(buckets[0][1], warps[0], most[0], block_k[0], zeros=zeros)
         if routed and stages[0] != plain and self.option("route-in-gemm") is None:
             stages[0] = plain
             self._routing_costs_stages = True
@@ -904,7 +925,8 @@ class TilePass(Pass):
             # stages=N or the entry's is the most, as for the other tiles: fewer where the
             # shared memory would not hold them, and 3 at least
             bk = tall_block_k(group)
-            stages = tall_stages(self._pick("stages", b, 3, TALL_TILE["stages"]), bk)
+            stages = tall_stages(self._pick("stages", b, 3, TALL_TILE["stages"]), bk,
+                                 not spec.quant.symmetric)
             return {**cta, "col_tiles": TALL_TILE["col_tiles"],
                     "warp_rows": TALL_TILE["warp_rows"], "block_k": bk, "stages": stages,
                     "warps": TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"],
@@ -968,7 +990,7 @@ class TilePass(Pass):
             raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                 f"{group}, is not a whole number of {bk}-deep stages")
         stages = wide_stages(block, cols, self.option("stages") or (
-            b[3] if wide else WIDE_TILE["stages"]), bk)
+            b[3] if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
         # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
         # measured on mma.sync)
         wg = bool(self._pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))

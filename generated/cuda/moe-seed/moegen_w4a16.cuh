@@ -1,11 +1,46 @@
-// moegen device code for the W4A16 and MSD kernels: int4 -> fp16 dequantization in registers,
-// tensor-core MMA, asynchronous copies, warp reductions, and the grouped W4A16 GEMM. Included by
-// the generated .cu files (hand-written, not generated).
+// moegen device code for the W4A16 and MSD kernels: int4 -> fp16 or bf16 dequantization in
+// registers, tensor-core MMA, asynchronous copies, warp reductions, and the grouped W4A16 GEMM.
+// Included by the generated .cu files (hand-written, not generated).
 #pragma once
 #include <cuda_fp16.h>
+#if defined(MOEGEN_BF16)
+#include <cuda_bf16.h>
+#endif
 
 
 namespace moegen {
+
+// The activations' type (x, scales, zero points, the GEMMs' and the layer's output rows): fp16,
+// or bf16 where the including file defines MOEGEN_BF16 first (a module is one or the other).
+// The MMAs multiply act_t x act_t into fp32.
+#if defined(MOEGEN_BF16)
+using act_t = __nv_bfloat16;
+using act2_t = __nv_bfloat162;
+#define MOEGEN_MMA_TYPE "bf16"
+__device__ __forceinline__ float act_to_float(act_t v) { return __bfloat162float(v); }
+__device__ __forceinline__ act_t act_from_float(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ act2_t act2_both(act_t v) { return __bfloat162bfloat162(v); }
+#else
+using act_t = half;
+using act2_t = half2;
+#define MOEGEN_MMA_TYPE "f16"
+__device__ __forceinline__ float act_to_float(act_t v) { return __half2float(v); }
+__device__ __forceinline__ act_t act_from_float(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ act2_t act2_both(act_t v) { return __half2half2(v); }
+#endif
+__device__ __forceinline__ float act_low(act2_t v) { return act_to_float(v.x); }
+__device__ __forceinline__ float act_high(act2_t v) { return act_to_float(v.y); }
+
+// Which slots of a call are routed: a slot whose expert id (given by the caller) lies outside
+// [0, experts) is skipped, and adds nothing to its token's sum. ids = nullptr: all are routed
+// (the layer computed the ids itself).
+struct Routed {
+  const int* ids = nullptr;
+  int experts = 0;
+  __device__ __forceinline__ bool operator()(size_t slot) const {
+    return ids == nullptr || static_cast<unsigned>(ids[slot]) < static_cast<unsigned>(experts);
+  }
+};
 
 // (NVRTC has no <stdint.h> or <math.h>: the helpers use plain unsigned and this constant)
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
@@ -35,10 +70,23 @@ __device__ __forceinline__ unsigned lop3_or(unsigned a, unsigned mask, unsigned 
   return out;  // (a & mask) | bits
 }
 
-// One packed word holds 8 nibbles; returns four half2 registers:
+// One packed word holds 8 nibbles; returns four act2_t registers:
 // out[0] = (n0, n4), out[1] = (n1, n5), out[2] = (n2, n6), out[3] = (n3, n7), each value q in
 // [-8, 7].
-__device__ __forceinline__ void dequant8(unsigned w, half2 out[4]) {
+#if defined(MOEGEN_BF16)
+// bf16 (7 mantissa bits): OR-ing a nibble u into 128.0 (0x4300) gives exactly 128 + u, and
+// subtracting 136 leaves u - 8; each pair of nibbles is shifted down to bits 0-3 and 16-19.
+__device__ __forceinline__ void dequant8(unsigned w, act2_t out[4]) {
+  const unsigned LO = 0x000f000f, EXP = 0x43004300, SUB = 0x43084308;   // 136.0 in both halves
+  const unsigned q[4] = {lop3_or(w, LO, EXP), lop3_or(w >> 4, LO, EXP), lop3_or(w >> 8, LO, EXP),
+                         lop3_or(w >> 12, LO, EXP)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = __hsub2(*reinterpret_cast<const act2_t*>(&q[i]),
+                     *reinterpret_cast<const act2_t*>(&SUB));
+}
+#else
+__device__ __forceinline__ void dequant8(unsigned w, act2_t out[4]) {
   const unsigned LO = 0x000f000f, HI = 0x00f000f0, EXP = 0x64006400;
   const unsigned SUB = 0x64086408;   // 1032.0 in both halves
   const unsigned MUL = 0x2c002c00;   // 1/16
@@ -53,22 +101,33 @@ __device__ __forceinline__ void dequant8(unsigned w, half2 out[4]) {
   out[3] = __hfma2(*reinterpret_cast<half2*>(&hi1), *reinterpret_cast<const half2*>(&MUL),
                    *reinterpret_cast<const half2*>(&ADD));
 }
+#endif
 
 // An A fragment from dequant8 (rows r, r + 8, r, r + 8) times its rows' scales, given as
 // (scale of r, scale of r + 8).
-__device__ __forceinline__ void scale_frag(half2 frag[4], half2 scales) {
-  const half2 s_lo = __half2half2(scales.x), s_hi = __half2half2(scales.y);
+__device__ __forceinline__ void scale_frag(act2_t frag[4], act2_t scales) {
+  const act2_t s_lo = act2_both(scales.x), s_hi = act2_both(scales.y);
   frag[0] = __hmul2(frag[0], s_lo);
   frag[1] = __hmul2(frag[1], s_hi);
   frag[2] = __hmul2(frag[2], s_lo);
   frag[3] = __hmul2(frag[3], s_hi);
 }
 
-// D = A (16x16 fp16, row) x B (16x8 fp16, col) + C, fp32 accumulate.
+// The same fragment less its rows' zero points (z - 8, given as (zero of r, zero of r + 8)):
+// q - (z - 8) = u - z, exact, before the scale (asymmetric int4: w = (u - z) * s).
+__device__ __forceinline__ void zero_frag(act2_t frag[4], act2_t zeros) {
+  const act2_t z_lo = act2_both(zeros.x), z_hi = act2_both(zeros.y);
+  frag[0] = __hsub2(frag[0], z_lo);
+  frag[1] = __hsub2(frag[1], z_hi);
+  frag[2] = __hsub2(frag[2], z_lo);
+  frag[3] = __hsub2(frag[3], z_hi);
+}
+
+// D = A (16x16 act_t, row) x B (16x8 act_t, col) + C, fp32 accumulate.
 __device__ __forceinline__ void mma_16816(float c[4], const unsigned a[4], unsigned b0,
                                           unsigned b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "mma.sync.aligned.m16n8k16.row.col.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE ".f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -373,24 +432,26 @@ __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& 
 
 // sum_out[t, col .. col + 7] = sum over k of rows[t * TOPK + k, same columns], in fp32 in k
 // order, rounded once: the top-k sum of moe_aggregate and of the topk_sum epilogue (so the two
-// agree bit for bit). FROM_L2: read through L2 only (__ldcg), for rows that other CTAs of the
-// same kernel wrote.
+// agree bit for bit). A slot that `routed` skips (no GEMM wrote its row) adds nothing. FROM_L2:
+// read through L2 only (__ldcg), for rows that other CTAs of the same kernel wrote.
 template <int TOPK, int NOUT, bool FROM_L2>
-__device__ __forceinline__ void topk_sum_chunk(const half* __restrict__ rows, size_t t, size_t col,
-                                               half* __restrict__ sum_out) {
+__device__ __forceinline__ void topk_sum_chunk(const act_t* __restrict__ rows, size_t t,
+                                               size_t col, act_t* __restrict__ sum_out,
+                                               Routed routed) {
   float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
+    if (!routed(t * TOPK + k)) continue;
     const uint4* p = reinterpret_cast<const uint4*>(rows + ((t * TOPK + k) * NOUT) + col);
     const uint4 v = FROM_L2 ? __ldcg(p) : *p;
-    const half* hv = reinterpret_cast<const half*>(&v);
+    const act_t* hv = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sum[j] += __half2float(hv[j]);
+    for (int j = 0; j < 8; ++j) sum[j] += act_to_float(hv[j]);
   }
   uint4 o;
-  half* ho = reinterpret_cast<half*>(&o);
+  act_t* ho = reinterpret_cast<act_t*>(&o);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) ho[j] = __float2half_rn(sum[j]);
+  for (int j = 0; j < 8; ++j) ho[j] = act_from_float(sum[j]);
   *reinterpret_cast<uint4*>(sum_out + t * NOUT + col) = o;
 }
 
@@ -452,7 +513,10 @@ __device__ __forceinline__ uint4 staged_group_scales(const unsigned char* staged
 // in split order: deterministic. DENSE: rows are the activation rows
 // themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
 // SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds
-// every token's SUM_TOPK rows of that tile into sum_out, in k order (topk_sum_chunk).
+// every token's SUM_TOPK routed rows of that tile into sum_out, in k order (topk_sum_chunk).
+// HAS_ZERO (asymmetric int4): `zeros` holds z - 8 per group and column in the scales' packed
+// layout; they come where the scales come from, and each dequantized weight is less its zero
+// before the scale (zero_frag).
 // FOLLOWS (the down GEMM, launched with programmatic dependent launch): the routing is final
 // when the CTA starts, its input activations are not; so it copies the weights of its first
 // STAGES ring stages, then waits for the kernel before it, then copies those stages' rows.
@@ -462,13 +526,14 @@ __device__ __forceinline__ uint4 staged_group_scales(const unsigned char* staged
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
           int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false,
-          bool WAITS_FIRST = false>
+          bool WAITS_FIRST = false, bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm(
-    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, float* __restrict__ partials, int* __restrict__ counters,
-    half* __restrict__ sum_out = nullptr, int* __restrict__ sum_counters = nullptr) {
+    const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const uint4* __restrict__ zeros, const int* __restrict__ sorted_ids,
+    const int* __restrict__ expert_ids, const int* __restrict__ total_ptr,
+    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
+    float* __restrict__ partials, int* __restrict__ counters, act_t* __restrict__ sum_out = nullptr,
+    int* __restrict__ sum_counters = nullptr, Routed routed = {}) {
   constexpr int NT = (BLOCK + 7) / 8;            // n8 tiles of block rows (the MMA's N)
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
@@ -477,6 +542,7 @@ __device__ __forceinline__ void grouped_gemm(
   static_assert(KSTEPS % (SPLIT * WARPS * KS) == 0, "K must split evenly over CTAs, warps, stages");
   static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
+  static_assert(!(DENSE && HAS_ZERO), "dense weights (the MSD dequant lowering) are symmetric");
   constexpr int ROWS = NT * 8;
   // Scales: a group's are the same for its G / 16 steps, so each lane holds its 8 (columns
   // 8 j + lane / 4) for the current group in registers. STAGED_SCALES (packed scales, each
@@ -488,10 +554,11 @@ __device__ __forceinline__ void grouped_gemm(
   constexpr bool STAGED_SCALES = !DENSE && WARP_STEPS % (G / 16) == 0;
   // one ring stage holds KS k16 steps: weights (KS x 32 lanes x 16 B), then the block's rows,
   // 32 KS bytes of k each, padded by 16 so fragment reads hit 32 distinct banks, then
-  // (STAGED_SCALES) where a scale group starts, the group's scales of the tile
+  // (STAGED_SCALES) where a scale group starts, the group's scales of the tile (and zeros)
   constexpr int W_BYTES = 512 * KS, A_ROW = 32 * KS + 16;
-  constexpr int S_OFFSET = W_BYTES + ROWS * A_ROW;
-  constexpr int STAGE_BYTES = S_OFFSET + (STAGED_SCALES ? SCALE_STAGE_BYTES : 0);
+  constexpr int S_OFFSET = W_BYTES + ROWS * A_ROW, Z_OFFSET = S_OFFSET + SCALE_STAGE_BYTES;
+  constexpr int STAGE_BYTES =
+      S_OFFSET + (STAGED_SCALES ? SCALE_STAGE_BYTES * (HAS_ZERO ? 2 : 1) : 0);
   constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES;
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
@@ -527,7 +594,7 @@ __device__ __forceinline__ void grouped_gemm(
   constexpr int CHUNKS = 2 * KS, A_CHUNKS = ROWS * CHUNKS, COPIES = (A_CHUNKS + 31) / 32;
   // Each lane's copy sources (at the warp's first step), shared addresses (in stage 0) and
   // whether it copies at all are pinned: kept in registers, not recomputed in the main loop.
-  const half* copy_src[COPIES];
+  const act_t* copy_src[COPIES];
   unsigned copy_bytes[COPIES];         // 16, or 0 for a padding row (which reads row 0)
   unsigned copy_dst[COPIES];
   unsigned copy_on[COPIES];
@@ -564,6 +631,7 @@ __device__ __forceinline__ void grouped_gemm(
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   const WeightStream weights;
   const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8;   // (packed)
+  const uint4* zp = zeros + ((size_t)expert * GROUPS * NTILES + tile) * 8;    // (HAS_ZERO)
   // copy the k16 steps of iteration i into its stage: the weights (and the scales of a group
   // that starts there), then the block's rows
   auto issue_weights = [&](int i) {
@@ -573,9 +641,13 @@ __device__ __forceinline__ void grouped_gemm(
     for (int sub = 0; sub < KS; ++sub)
       weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
     if constexpr (STAGED_SCALES) {     // (the layout of copy_group_scales, one tile)
-      if (lane < 8 && step * 16 % G == 0)
+      if (lane < 8 && step * 16 % G == 0) {
         cp_async_ca<16>(st + S_OFFSET + lane * 16,
                         sp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
+        if constexpr (HAS_ZERO)
+          cp_async_ca<16>(st + Z_OFFSET + lane * 16,
+                          zp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
+      }
     }
   };
   auto issue_rows = [&](int i) {
@@ -597,26 +669,37 @@ __device__ __forceinline__ void grouped_gemm(
   auto load_scales = [&](int group) {
     uint4 v;
     if constexpr (DENSE) {
-      half* h = reinterpret_cast<half*>(&v);
-      const half* row = reinterpret_cast<const half*>(scales) + (size_t)group * NOUT;
+      act_t* h = reinterpret_cast<act_t*>(&v);
+      const act_t* row = reinterpret_cast<const act_t*>(scales) + (size_t)group * NOUT;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = tile * 64 + j * 8 + lane / 4;
-        h[j] = col < NOUT ? row[col] : __float2half_rn(0.0f);
+        h[j] = col < NOUT ? row[col] : act_from_float(0.0f);
       }
     } else {
       v = __ldg(sp + (size_t)group * NTILES * 8 + lane / 4);
     }
     return v;
   };
+  auto load_zeros = [&](int group) {     // (HAS_ZERO, not STAGED_SCALES)
+    return __ldg(zp + (size_t)group * NTILES * 8 + lane / 4);
+  };
   auto staged_scales = [&](int i) {      // the scales in iteration i's stage (STAGED_SCALES)
     return staged_group_scales(ring + (i % STAGES) * STAGE_BYTES + S_OFFSET, 0, lane);
   };
+  auto staged_zeros = [&](int i) {       // and the zeros (HAS_ZERO)
+    return staged_group_scales(ring + (i % STAGES) * STAGE_BYTES + Z_OFFSET, 0, lane);
+  };
   const int group0 = step0 * 16 / G;
-  uint4 scale_now, scale_next;
+  uint4 scale_now, scale_next, zero_now = {}, zero_next = {};
   if constexpr (!STAGED_SCALES) {
+    const int group1 = group0 + 1 < GROUPS ? group0 + 1 : group0;
     scale_now = load_scales(group0);
-    scale_next = load_scales(group0 + 1 < GROUPS ? group0 + 1 : group0);
+    scale_next = load_scales(group1);
+    if constexpr (HAS_ZERO) {
+      zero_now = load_zeros(group0);
+      zero_next = load_zeros(group1);
+    }
   }
 
   // One stage's operands in registers: the weight words and the block rows' B fragments. The
@@ -642,14 +725,16 @@ __device__ __forceinline__ void grouped_gemm(
   // The weights are the MMA's A operand (16 columns x k16 per word), the block rows its B
   // operand (n8 per 8 rows): a block of 8 rows wastes no tensor-core work on padding.
   auto multiply = [&](const Frags& f) {
-    const half2* sc = reinterpret_cast<const half2*>(&scale_now);   // (column r, r + 8) per t
+    const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);   // (column r, r + 8) per t
+    const act2_t* zc = reinterpret_cast<const act2_t*>(&zero_now);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       const unsigned words[4] = {f.w[sub].x, f.w[sub].y, f.w[sub].z, f.w[sub].w};
 #pragma unroll
       for (int t = 0; t < 4; ++t) {        // word t: the A fragment of columns 16 t .. 16 t + 15
-        half2 frag[4];
+        act2_t frag[4];
         dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 (r = lane / 4)
+        if constexpr (HAS_ZERO) zero_frag(frag, zc[t]);
         if constexpr (!SCALE_AFTER) scale_frag(frag, sc[t]);
         const unsigned* af = reinterpret_cast<const unsigned*>(frag);
 #pragma unroll
@@ -675,10 +760,10 @@ __device__ __forceinline__ void grouped_gemm(
   };
   auto end_group = [&]() {                 // SCALE_AFTER: acc += part x the group's scales
     if constexpr (SCALE_AFTER) {
-      const half2* sc = reinterpret_cast<const half2*>(&scale_now);
+      const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        const float s_lo = __low2float(sc[t]), s_hi = __high2float(sc[t]);
+        const float s_lo = act_low(sc[t]), s_hi = act_high(sc[t]);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -693,10 +778,15 @@ __device__ __forceinline__ void grouped_gemm(
     end_group();
     if constexpr (STAGED_SCALES) {
       scale_now = staged_scales(i);
+      if constexpr (HAS_ZERO) zero_now = staged_zeros(i);
     } else {
       const int group = (step0 + i * KS) * 16 / G;
       scale_now = scale_next;
       if (group + 1 < GROUPS) scale_next = load_scales(group + 1);
+      if constexpr (HAS_ZERO) {
+        zero_now = zero_next;
+        if (group + 1 < GROUPS) zero_next = load_zeros(group + 1);
+      }
     }
   };
 
@@ -705,7 +795,10 @@ __device__ __forceinline__ void grouped_gemm(
   __syncwarp();
   Frags f0, f1;                            // trade roles every iteration, in registers
   load_frags(0, f0);
-  if constexpr (STAGED_SCALES) scale_now = staged_scales(0);
+  if constexpr (STAGED_SCALES) {
+    scale_now = staged_scales(0);
+    if constexpr (HAS_ZERO) zero_now = staged_zeros(0);
+  }
   constexpr int GROUP_ITERS = G / (16 * KS);                   // iterations per scale group
   constexpr int GROUP_UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
   // whole groups, and whole turns of the ring where one is a multiple of the other (the tile
@@ -796,14 +889,14 @@ __device__ __forceinline__ void grouped_gemm(
     if (slot >= num_slots) continue;
     if constexpr (EPILOGUE == 1) {      // SwiGLU: columns 0..31 gate, 32..63 up
       const float v = silu(red[r][c]) * red[r][c + 32];
-      out[(size_t)slot * NOUT + tile * 32 + c] = __float2half_rn(v);
+      out[(size_t)slot * NOUT + tile * 32 + c] = act_from_float(v);
     } else {
       const int col = PERM_GATE_UP ? (c < 32 ? tile * 32 + c : NOUT / 2 + tile * 32 + c - 32)
                                    : tile * 64 + c;
       if (col >= NOUT) continue;
       float v = red[r][c];
       if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + r];
-      out[(size_t)slot * NOUT + col] = __float2half_rn(v);
+      out[(size_t)slot * NOUT + col] = act_from_float(v);
     }
   }
 
@@ -814,7 +907,7 @@ __device__ __forceinline__ void grouped_gemm(
     const int tokens = num_slots / SUM_TOPK;
     for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {   // 8 chunks of 8 columns
       const int col = tile * 64 + (x % 8) * 8;
-      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / 8, col, sum_out);
+      if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / 8, col, sum_out, routed);
     }
   }
 }
@@ -914,18 +1007,18 @@ __device__ __forceinline__ int wide_out_column(int tile, int ch) {
 // tiles) has written its rows, the last to arrive sums the tile for every token, in k order
 // (topk_sum_chunk)
 template <int BLOCK, int COLT, int THREADS, int NOUT, int SUM_TOPK>
-__device__ __forceinline__ void sum_topk_when_last(half* __restrict__ out,
-                                                   half* __restrict__ sum_out,
+__device__ __forceinline__ void sum_topk_when_last(act_t* __restrict__ out,
+                                                   act_t* __restrict__ sum_out,
                                                    int* __restrict__ sum_counters, int col_tile,
                                                    const int* __restrict__ total_ptr,
-                                                   int num_slots) {
+                                                   int num_slots, Routed routed) {
   __shared__ int last_cta;
   if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
   constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
   const int tokens = num_slots / SUM_TOPK;
   for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
     const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
-    if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out);
+    if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / PIECES, col, sum_out, routed);
   }
 }
 
@@ -939,13 +1032,13 @@ template <int BLOCK, int WARP_ROWS, int COLT, int NOUT, int EPILOGUE, bool PERM_
 __device__ __forceinline__ void wide_epilogue(
     const float (&acc)[4][WARP_ROWS / 8][4], unsigned char* smem, int row0, int tile,
     const int* __restrict__ sorted_ids, const int* __restrict__ total_ptr,
-    const float* __restrict__ weights_flat, int num_slots, half* __restrict__ out,
-    half* __restrict__ sum_out, int* __restrict__ sum_counters) {
+    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
+    act_t* __restrict__ sum_out, int* __restrict__ sum_counters, Routed routed) {
   constexpr int NT = WARP_ROWS / 8, THREADS = 32 * COLT * (BLOCK / WARP_ROWS);
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   const int blk = blockIdx.x, col_tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  half* rows_out = reinterpret_cast<half*>(smem) + warp * WARP_ROWS * OUT_ROW;
+  act_t* rows_out = reinterpret_cast<act_t*>(smem) + warp * WARP_ROWS * OUT_ROW;
   const int kq = 2 * (lane % 4);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -958,11 +1051,11 @@ __device__ __forceinline__ void wide_epilogue(
         if constexpr (EPILOGUE == 1) {     // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
           if (t < 2)
             rows_out[r * OUT_ROW + 16 * t + col] =
-                __float2half_rn(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
+                act_from_float(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
         } else {
           float v = acc[t][nt][c];
           if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + row0 + r];
-          rows_out[r * OUT_ROW + 16 * t + col] = __float2half_rn(v);
+          rows_out[r * OUT_ROW + 16 * t + col] = act_from_float(v);
         }
       }
     }
@@ -980,7 +1073,14 @@ __device__ __forceinline__ void wide_epilogue(
 
   if constexpr (SUM_TOPK > 0)
     sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
-                                                              total_ptr, num_slots);
+                                                              total_ptr, num_slots, routed);
+}
+
+// The scales (and HAS_ZERO: zeros) a ring stage holds after its weights and rows where a scale
+// group starts: COLT tiles' of each, SCALE_STAGE_BYTES a tile
+template <int COLT, bool HAS_ZERO>
+__host__ __device__ constexpr int group_stage_bytes() {
+  return COLT * SCALE_STAGE_BYTES * (HAS_ZERO ? 2 : 1);
 }
 
 // Prefill-sized grouped W4A16 GEMM: the "wide" CTA. BLOCK rows (32 or 64) of one expert x COLT
@@ -994,17 +1094,20 @@ __device__ __forceinline__ void wide_epilogue(
 // L2 traffic, not the tensor cores, sets its pace). The rows' B fragments come from ldmatrix;
 // the weights are scaled before the MMA (a warp's rows leave no registers for per-group partial
 // sums). The epilogue goes through shared memory so that each output row is written in 16-byte
-// pieces.
+// pieces. HAS_ZERO: a group's zeros are staged after its scales, and each dequantized weight is
+// less its zero before the scale.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0, bool DYNAMIC_SHARED = false>
+          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0, bool DYNAMIC_SHARED = false,
+          bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm_wide(
-    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr, float* __restrict__ partials = nullptr,
-    int* __restrict__ counters = nullptr) {
+    const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const uint4* __restrict__ zeros, const int* __restrict__ sorted_ids,
+    const int* __restrict__ expert_ids, const int* __restrict__ total_ptr,
+    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
+    act_t* __restrict__ sum_out = nullptr, int* __restrict__ sum_counters = nullptr,
+    float* __restrict__ partials = nullptr, int* __restrict__ counters = nullptr,
+    Routed routed = {}) {
   constexpr int ROW_GROUPS = BLOCK / WARP_ROWS, WARPS = COLT * ROW_GROUPS, THREADS = 32 * WARPS;
   constexpr int NT = WARP_ROWS / 8;              // n8 tiles of a warp's rows
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
@@ -1019,8 +1122,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // padded by 16 so that ldmatrix's eight row addresses hit distinct banks, then the group's
   // scales where a group starts (copy_group_scales)
   constexpr int W_BYTES = COLT * KS * 512, A_ROW = 32 * KS + 16;
-  constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW;
-  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int S_OFFSET = W_BYTES + BLOCK * A_ROW, Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
   static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
@@ -1049,7 +1152,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // and zero-fill)
   constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
   constexpr int A_COPIES = (A_CHUNKS + THREADS - 1) / THREADS;
-  const half* copy_row[A_COPIES];
+  const act_t* copy_row[A_COPIES];
   unsigned copy_bytes[A_COPIES];
 #pragma unroll
   for (int q = 0; q < A_COPIES; ++q) {
@@ -1059,14 +1162,19 @@ __device__ __forceinline__ void grouped_gemm_wide(
     copy_row[q] = a + (size_t)(slot < num_slots ? slot / ROW_DIV : 0) * KDIM + 8 * (c % CHUNKS);
   }
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  const uint4* s_cta = scales + (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
-  // copy iteration i's k16 steps into its stage: the weights (and a group's scales), then the
-  // rows
+  const size_t group_offset = (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
+  const uint4* s_cta = scales + group_offset;
+  const uint4* z_cta = zeros + group_offset;       // (HAS_ZERO)
+  // copy iteration i's k16 steps into its stage: the weights (and a group's scales and zeros),
+  // then the rows
   auto issue_weights = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, (it0 + i) * KS);
-    if (i % GROUP_ITERS == 0)
+    if (i % GROUP_ITERS == 0) {
       copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+      if constexpr (HAS_ZERO)
+        copy_group_scales<COLT>(st + Z_OFFSET, z_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+    }
   };
   auto issue_rows = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
@@ -1084,8 +1192,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
     issue_rows(i);
   };
 
-  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's
-  uint4 scale_now;
+  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's (and zeros)
+  uint4 scale_now, zero_now = {};
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of the tile, rows row0 + 8 nt .. + 7
   float acc[4][NT][4];
@@ -1096,7 +1204,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   const int ld_row = row0 + (lane / 16) * 8 + lane % 8, ld_k = (lane / 8) % 2 * 16;
   auto multiply_stage = [&](int i) {
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
-    const half2* sc = reinterpret_cast<const half2*>(&scale_now);  // (column r, r + 8) per t
+    const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);  // (column r, r + 8) per t
+    const act2_t* zc = reinterpret_cast<const act2_t*>(&zero_now);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       const uint4 wv = *reinterpret_cast<const uint4*>(st + (sub * COLT + ct) * 512 + lane * 16);
@@ -1113,8 +1222,9 @@ __device__ __forceinline__ void grouped_gemm_wide(
       const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        half2 frag[4];
+        act2_t frag[4];
         dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 of the A fragment
+        if constexpr (HAS_ZERO) zero_frag(frag, zc[t]);
         scale_frag(frag, sc[t]);
         const unsigned* af = reinterpret_cast<const unsigned*>(frag);
 #pragma unroll
@@ -1132,8 +1242,11 @@ __device__ __forceinline__ void grouped_gemm_wide(
     __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
     if (i + STAGES - 1 < cta_iters) issue(i + STAGES - 1);   // into stage i - 1's slot
     cp_async_commit();
-    if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
+    if (i % GROUP_ITERS == 0) {            // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET, ct, lane);
+      if constexpr (HAS_ZERO)
+        zero_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + Z_OFFSET, ct, lane);
+    }
     multiply_stage(i);
   }
   cp_async_wait<0>();
@@ -1149,7 +1262,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
 
   wide_epilogue<BLOCK, WARP_ROWS, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
       acc, smem, row0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
-      sum_counters);
+      sum_counters, routed);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1192,9 +1305,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 // flight)
 __device__ __forceinline__ void reg_fence(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
-// D (64 x N, fp32, accumulated) += A (64 x k16 fp16, registers) x B (k16 x N fp16, shared memory,
-// K-major); d: this thread's N / 2 accumulators, d[4 q + c] = row 16 w + lane / 4 + 8 (c / 2),
-// column 8 q + 2 (lane % 4) + c % 2 (w: the warp in the warpgroup)
+// D (64 x N, fp32, accumulated) += A (64 x k16 act_t, registers) x B (k16 x N act_t, shared
+// memory, K-major); d: this thread's N / 2 accumulators, d[4 q + c] = row 16 w + lane / 4 +
+// 8 (c / 2), column 8 q + 2 (lane % 4) + c % 2 (w: the warp in the warpgroup)
 template <int N>
 __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)[4],
                                           unsigned long long b_desc);
@@ -1204,7 +1317,7 @@ __device__ __forceinline__ void wgmma_f16<32>(float (&d)[16], const unsigned (&a
                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %21, 0; "
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
       "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
@@ -1218,7 +1331,7 @@ __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a
                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }\n"
@@ -1236,7 +1349,7 @@ __device__ __forceinline__ void wgmma_f16<96>(float (&d)[48], const unsigned (&a
                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %53, 0; "
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
@@ -1258,7 +1371,7 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
                                               unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
@@ -1294,10 +1407,10 @@ struct ChunkMajorRows {
   static constexpr int LANES_PER_ROW = CHUNKS < 4 ? CHUNKS : 4, WARP_ROWS = 32 / LANES_PER_ROW;
   static_assert(CHUNKS % LANES_PER_ROW == 0 && BLOCK % WARP_ROWS == 0,
                 "a warp's chunks: whole row pieces of whole row groups");
-  const half* row[COPIES];
+  const act_t* row[COPIES];
   unsigned bytes[COPIES];
 
-  __device__ __forceinline__ ChunkMajorRows(const half* __restrict__ a,
+  __device__ __forceinline__ ChunkMajorRows(const act_t* __restrict__ a,
                                             const int* __restrict__ sorted_ids, int blk,
                                             int num_slots) {
 #pragma unroll
@@ -1347,17 +1460,19 @@ struct ChunkMajorRows {
 // of row r at (c BLOCK + r) x 16 bytes), the layout of the wgmma B descriptor without swizzle.
 // Accumulators and epilogue are those of grouped_gemm_wide with WARP_ROWS = BLOCK, so the
 // output is the same computation in another summation order. SPLIT_MANY, FILL_CTAS: a split
-// chosen per call (call_split).
+// chosen per call (call_split). HAS_ZERO: zeros staged after the scales, as the wide CTA.
 template <int BLOCK, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS,
           int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, bool PIN_ADDRESSES = false, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0>
+          int SPLIT = 1, bool PIN_ADDRESSES = false, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0,
+          bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm_wgmma(
-    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr, float* __restrict__ partials = nullptr,
-    int* __restrict__ counters = nullptr) {
+    const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const uint4* __restrict__ zeros, const int* __restrict__ sorted_ids,
+    const int* __restrict__ expert_ids, const int* __restrict__ total_ptr,
+    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
+    act_t* __restrict__ sum_out = nullptr, int* __restrict__ sum_counters = nullptr,
+    float* __restrict__ partials = nullptr, int* __restrict__ counters = nullptr,
+    Routed routed = {}) {
   constexpr int THREADS = 32 * COLT, NT = BLOCK / 8;
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
   static_assert((BLOCK == 32 || BLOCK == 64) && (COLT == 4 || COLT == 8) && NTILES % COLT == 0,
@@ -1370,7 +1485,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
                 "K splits into whole scale groups");
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
   constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
-  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;     // and zeros (HAS_ZERO)
+  constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
   constexpr int OUT_BYTES = COLT * BLOCK * (OUT_COLS + 8) * 2;
@@ -1394,7 +1510,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   constexpr int A_COPIES = BlockRows::COPIES;
   const BlockRows block_rows(a, sorted_ids, blk, num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
-  const uint4* s_cta = scales + (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
+  const size_t group_offset = (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
+  const uint4* s_cta = scales + group_offset;
+  const uint4* z_cta = zeros + group_offset;       // (HAS_ZERO)
   // PIN_ADDRESSES: this thread's copy addresses are pinned in registers (ptxas, capped at 128
   // of them, would otherwise recompute them from tid.x at every copy): its 16 B of each k16
   // step's weight tiles, step q of a stage at q * THREADS * 16 in it, and its chunks of the rows.
@@ -1421,8 +1539,11 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     } else {
       copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, (it0 + i) * KS);
     }
-    if (i % GROUP_ITERS == 0)
+    if (i % GROUP_ITERS == 0) {
       copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+      if constexpr (HAS_ZERO)
+        copy_group_scales<COLT>(st + Z_OFFSET, z_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+    }
   };
   auto issue_rows = [&](int i) {
     const int step = (it0 + i) * KS;
@@ -1441,8 +1562,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     issue_rows(i);
   };
 
-  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's
-  uint4 scale_now;
+  // the lane's scales (columns 8 j + lane / 4 of its tile), the current group's (and zeros)
+  uint4 scale_now, zero_now = {};
 
   // acc[t][nt]: columns 16 t .. 16 t + 15 of tile `tile`, rows 8 nt .. 8 nt + 7 (the wgmma of
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
@@ -1457,11 +1578,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv,
                            unsigned (&f)[4][4]) {
     const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
-    const half2* sc = reinterpret_cast<const half2*>(&scale_now);
+    const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);
+    const act2_t* zc = reinterpret_cast<const act2_t*>(&zero_now);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      half2 h[4];
+      act2_t h[4];
       dequant8(words[t], h);
+      if constexpr (HAS_ZERO) zero_frag(h, zc[t]);
       scale_frag(h, sc[t]);
 #pragma unroll
       for (int r = 0; r < 4; ++r) f[t][r] = *reinterpret_cast<const unsigned*>(&h[r]);
@@ -1494,8 +1617,10 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
       wv[sub] = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
     if (i + AHEAD < cta_iters) issue(i + AHEAD);   // into stage i - 2's slot
     cp_async_commit();
-    if (i % GROUP_ITERS == 0)              // a scale group starts: its scales are in stage i
+    if (i % GROUP_ITERS == 0) {            // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(st + S_OFFSET, warp, lane);
+      if constexpr (HAS_ZERO) zero_now = staged_group_scales(st + Z_OFFSET, warp, lane);
+    }
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
@@ -1523,7 +1648,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 
   wide_epilogue<BLOCK, BLOCK, COLT, NOUT, EPILOGUE, PERM_GATE_UP, MUL_WEIGHTS, SUM_TOPK>(
       acc, smem, 0, tile, sorted_ids, total_ptr, weights_flat, num_slots, out, sum_out,
-      sum_counters);
+      sum_counters, routed);
 }
 
 // a row count as a type (the tall tile's K loop, instantiated per wgmma width)
@@ -1545,15 +1670,20 @@ struct RowCount {
 // has landed and when every warp is done with it. The wgmmas multiply only the 32-row groups
 // that hold slots. A tile's gate and up columns sit in different warps, so the accumulators go
 // through shared memory as fp32 into the epilogue. Dynamic shared memory: the larger of the
-// ring and the staged outputs (tall_shared_bytes in the tile pass).
+// ring and the staged outputs (tall_shared_bytes in the tile pass). HAS_ZERO: zeros staged
+// after the scales, as the wide CTA.
 template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
-          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0>
+          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
+          bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm_wgmma_tall(
-    const half* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_ptr, const float* __restrict__ weights_flat, int num_slots,
-    half* __restrict__ out, half* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr) {
+    const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
+    const uint4* __restrict__ zeros, const int* __restrict__ sorted_ids,
+    const int* __restrict__ expert_ids, const int* __restrict__ total_ptr,
+    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
+    act_t* __restrict__ sum_out = nullptr, int* __restrict__ sum_counters = nullptr,
+    float* __restrict__ partials = nullptr, int* __restrict__ counters = nullptr,
+    Routed routed = {}) {
+  // (partials and counters: the wide CTAs' arguments, unused: the tall tile never splits K)
   constexpr int COLT = 4, THREADS = 128 * COLT;    // a warpgroup per column tile
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
   static_assert(BLOCK == 128, "4 groups of 32 rows (block 64 measured 30-60% slower)");
@@ -1564,7 +1694,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   constexpr int GROUP_ITERS = G / (16 * KS);
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
   constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
-  constexpr int STAGE_BYTES = S_OFFSET + COLT * SCALE_STAGE_BYTES;
+  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;     // and zeros (HAS_ZERO)
+  constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
   constexpr int AHEAD = STAGES - 2;
   constexpr int RED_ROW = 64 + 4;    // fp32 words of a staged output row (conflict-free writes)
   unsigned char* smem = dynamic_shared;
@@ -1586,11 +1717,15 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
                                                                       num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const uint4* s_cta = scales + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
+  const uint4* z_cta = zeros + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
   auto issue_weights = [&](int i) {
     unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
     copy_weight_stage<COLT, KS, NTILES, THREADS>(st, w_cta, i * KS);
-    if (i % GROUP_ITERS == 0)
+    if (i % GROUP_ITERS == 0) {
       copy_group_scales<COLT>(st + S_OFFSET, s_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+      if constexpr (HAS_ZERO)
+        copy_group_scales<COLT>(st + Z_OFFSET, z_cta + (size_t)(i / GROUP_ITERS) * NTILES * 8);
+    }
   };
   auto issue_rows = [&](int i) {
     block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, i * KS);
@@ -1599,7 +1734,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   // acc[4 q + c]: column 16 src + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
   // 8 q + 2 (lane % 4) + c % 2
   float acc[BLOCK / 2];
-  half2 scale_now;                       // the lane's two columns' scales, the current group's
+  act2_t scale_now;                      // the lane's two columns' scales, the current group's
+  act2_t zero_now = {};                  // (and zeros, HAS_ZERO)
   unsigned frag[2][4];                   // [step parity]: A fragments
 
   // full[s]: ring slot s has landed (every thread's copies of it); empty[s]: every warp's
@@ -1642,9 +1778,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       for (int sub = 0; sub < KS; ++sub)
         words[sub] = *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 +
                                                         4 * src);
-      if (i % GROUP_ITERS == 0)            // a scale group starts: its scales are in stage i
-        scale_now = *reinterpret_cast<const half2*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
-                                                     4 * src);
+      if (i % GROUP_ITERS == 0) {          // a scale group starts: its scales are in stage i
+        scale_now = *reinterpret_cast<const act2_t*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
+                                                      4 * src);
+        if constexpr (HAS_ZERO)
+          zero_now = *reinterpret_cast<const act2_t*>(st + Z_OFFSET + (wg * 8 + lane / 4) * 16 +
+                                                       4 * src);
+      }
       const int next = i + AHEAD;
       if (next < ITERS) {                  // into the slot of stage next - STAGES, once consumed
         if (next >= STAGES) mbar_wait(&empty[next % STAGES], (next / STAGES - 1) & 1);
@@ -1659,8 +1799,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
         // between the wgmmas makes ptxas serialize them)
         if (sub == 1) mbar_arrive_if(&empty[(i + STAGES - 1) % STAGES], i > 0);
         unsigned (&f)[4] = frag[sub % 2];
-        half2 h[4];
+        act2_t h[4];
         dequant8(words[sub], h);
+        if constexpr (HAS_ZERO) zero_frag(h, zero_now);
         scale_frag(h, scale_now);
 #pragma unroll
         for (int r = 0; r < 4; ++r) f[r] = *reinterpret_cast<const unsigned*>(&h[r]);
@@ -1706,22 +1847,22 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     if (col >= NOUT) continue;
     const float weight = MUL_WEIGHTS ? weights_flat[blk * BLOCK + r] : 1.0f;
     uint4 packed;
-    half* h = reinterpret_cast<half*>(&packed);
+    act_t* h = reinterpret_cast<act_t*>(&packed);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       if constexpr (EPILOGUE == 1)         // SwiGLU: columns 0..31 gate, 32..63 up
-        h[j] = __float2half_rn(silu(row[8 * ch + j]) * row[8 * ch + j + 32]);
+        h[j] = act_from_float(silu(row[8 * ch + j]) * row[8 * ch + j + 32]);
       else if constexpr (MUL_WEIGHTS)
-        h[j] = __float2half_rn(row[8 * ch + j] * weight);
+        h[j] = act_from_float(row[8 * ch + j] * weight);
       else
-        h[j] = __float2half_rn(row[8 * ch + j]);
+        h[j] = act_from_float(row[8 * ch + j]);
     }
     *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) = packed;
   }
 
   if constexpr (SUM_TOPK > 0)
     sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
-                                                              total_ptr, num_slots);
+                                                              total_ptr, num_slots, routed);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

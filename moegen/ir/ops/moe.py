@@ -141,32 +141,60 @@ class AlignOp(Op):
 
 
 EPILOGUES = ("none", "swiglu", "topk_sum")
+ACTIVATION_TYPES = ("f16", "bf16")   # of x, the scales and the outputs (one per pipeline)
+
+
+def _activation(op: Op, value, what: str) -> tuple[str, tuple]:
+    """(element type, shape) of an activation operand: f16 or bf16, rank 2."""
+    t = op.tensor(value, what, None, 2)
+    op.check(t.dtype in ACTIVATION_TYPES or t.dtype.isupper(),      # (or a symbol, unbound)
+             f"{what} %{value.name} must have element type {' or '.join(ACTIVATION_TYPES)}, "
+             f"got {t.dtype}")
+    return t.dtype, t.shape
 
 
 class GroupedGemmW4A16Op(Op):
     """out[slot] = (x[slot / topk] @ dequant(w_q[e], w_scale[e])) (* weight[slot]), per padded row.
 
-    Output rows are in slot order (padding rows write nothing). epilogue = swiglu applies
-    silu(first half) * second half, halving the columns. epilogue = topk_sum (after the routing
-    weights) also gives the second result sum[t] = out[t * sum_topk + k] summed in k order,
-    as moe.aggregate does.
+    dequant: w[k, n] = (w_q[k, n] - w_zero[g, n]) * w_scale[g, n] with g = k / group_size, or
+    g = g_idx[k] with act_order (GPTQ's desc_act: any group of each row). The extra operands
+    come in that order, w_zero (i4, [E, K/G, N]) when zero_points, g_idx (i32, [E, K]) when
+    act_order. Output rows are in slot order (padding rows write nothing). epilogue = swiglu
+    applies silu(first half) * second half, halving the columns. epilogue = topk_sum (after the
+    routing weights) also gives the second result sum[t] = out[t * sum_topk + k] summed in k
+    order, as moe.aggregate does.
     """
     NAME = "moe.grouped_gemm_w4a16"
-    OPERANDS = ("x", "w_q", "w_scale", "sorted_ids", "expert_ids", "total", "weights_flat")
+    OPERANDS = ("x", "w_q", "w_scale", "sorted_ids", "expert_ids", "total", "weights_flat",
+                "extras*")
     RESULTS = ("out", "sum?")
     ATTRS = {"block": Attr("dim"), "topk": Attr("dim"), "mul_topk_weights": Attr("bool"),
              "group_size": Attr("dim"), "epilogue": Attr("str", "none"),
-             "sum_topk": Attr("dim", 1), **TILE_ATTRS}
+             "sum_topk": Attr("dim", 1), "zero_points": Attr("bool", False),
+             "act_order": Attr("bool", False), **TILE_ATTRS}
 
     def verify(self):
-        rows, kdim = self.tensor(self.operands[0], "x", "f16", 2).shape
+        act, (rows, kdim) = _activation(self, self.operands[0], "x")
         e, kw, n = self.tensor(self.operands[1], "w_q", "i4", 3).shape
         self.same_dim(kw, kdim, "w_q's K must equal x's columns")
         g = Dim.of(self.attr("group_size"))
         if g.is_static and kdim.is_static:
             self.check(kdim.value % g.value == 0,
                        f"K = {kdim} must be a multiple of group_size = {g}")
-        self.expect_operand(2, (e, kdim / g, n), "f16")
+        self.expect_operand(2, (e, kdim / g, n), act)
+        extras = self.operands[7:]
+        zero, order = self.attr("zero_points"), self.attr("act_order")
+        self.check(len(extras) == zero + order,
+                   f"takes {zero + order} extra operand(s) (w_zero when zero_points, g_idx when "
+                   f"act_order), got {len(extras)}")
+        if zero:
+            t = self.tensor(extras[0], "w_zero", "i4", 3)
+            self.check(t.shape == (e, kdim / g, n), f"w_zero %{extras[0].name} must have shape "
+                                                     f"{e}x{kdim / g}x{n}, got {t}")
+        if order:
+            t = self.tensor(extras[-1], "g_idx", "i32", 2)
+            self.check(t.shape == (e, kdim), f"g_idx %{extras[-1].name} must have shape "
+                                             f"{e}x{kdim}, got {t}")
         sorted_rows = self.tensor(self.operands[3], "sorted_ids", "i32", 1).shape[0]
         self.tensor(self.operands[4], "expert_ids", "i32", 1)
         self.tensor(self.operands[5], "total", "i32", 1)
@@ -178,17 +206,17 @@ class GroupedGemmW4A16Op(Op):
         self.check(not (epi == "swiglu" and self.attr("mul_topk_weights")),
                    "routing weights must not be applied before the SwiGLU non-linearity")
         out_n = n / 2 if epi == "swiglu" else n
-        self.expect_result(0, (rows * Dim.of(self.attr("topk")), out_n), "f16")
+        self.expect_result(0, (rows * Dim.of(self.attr("topk")), out_n), act)
         summed = epi == "topk_sum"
         self.check(len(self.results) == 1 + summed,
                    "epilogue = topk_sum gives two results (out, sum), other epilogues one")
         if summed:
             self.check(self.attr("mul_topk_weights"),
                        "epilogue = topk_sum sums the weighted rows: mul_topk_weights must be true")
-            sum_rows = self.tensor(self.results[1], "result", "f16", 2).shape[0]
+            sum_rows = self.tensor(self.results[1], "result", act, 2).shape[0]
             self.same_dim(sum_rows * Dim.of(self.attr("sum_topk")), rows * Dim.of(self.attr("topk")),
                           "rows of out must equal rows of sum x sum_topk")
-            self.expect_result(1, (sum_rows, out_n), "f16")
+            self.expect_result(1, (sum_rows, out_n), act)
 
 
 class SwigluOp(Op):
@@ -198,10 +226,10 @@ class SwigluOp(Op):
     RESULTS = ("out",)
 
     def verify(self):
-        s, n2 = self.tensor(self.operands[0], "gate_up", "f16", 2).shape
+        act, (s, n2) = _activation(self, self.operands[0], "gate_up")
         if n2.is_static:
             self.check(n2.value % 2 == 0, f"gate_up columns ({n2}) must be even")
-        self.expect_result(0, (s, n2 / 2), "f16")
+        self.expect_result(0, (s, n2 / 2), act)
 
 
 class AggregateOp(Op):
@@ -212,8 +240,8 @@ class AggregateOp(Op):
     ATTRS = {"topk": Attr("dim")}
 
     def verify(self):
-        s, h = self.tensor(self.operands[0], "down", "f16", 2).shape
-        out = self.tensor(self.results[0], "result", "f16", 2)
+        act, (s, h) = _activation(self, self.operands[0], "down")
+        out = self.tensor(self.results[0], "result", act, 2)
         self.same_dim(out.shape[0] * Dim.of(self.attr("topk")), s,
                       "rows of down must equal tokens x topk")
-        self.expect_result(0, (out.shape[0], h), "f16")
+        self.expect_result(0, (out.shape[0], h), act)

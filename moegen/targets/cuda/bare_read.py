@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from ...resources import data_dir
-from .runtime import _cupy
+from .device import get_cupy
 
 THREADS, LOADS = 512, 4              # as bare_read.cu's MOEGEN_READ_THREADS and _LOADS
 CHUNK_BYTES = THREADS * LOADS * 16   # the bytes one CTA reads
@@ -23,7 +23,7 @@ CHUNK_BYTES = THREADS * LOADS * 16   # the bytes one CTA reads
 def _kernel():
     """The compiled kernel, once a process (NVRTC picks the current GPU's arch)."""
     source = (data_dir("templates") / "cuda" / "bare_read.cu").read_text()
-    return _cupy().RawModule(code=source, options=("--std=c++17",)).get_function(
+    return get_cupy().RawModule(code=source, options=("--std=c++17",)).get_function(
         "moegen_bare_read")
 
 
@@ -63,7 +63,7 @@ class BareRead:
     on the device); reader.checksum() is the XOR of every 32-bit word read, after a call."""
 
     def __init__(self, regions):
-        cp = _cupy()
+        cp = get_cupy()
         self.kernel = _kernel()
         starts, lengths = chunk_table(regions)
         if not starts:

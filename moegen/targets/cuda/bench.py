@@ -21,7 +21,8 @@ import numpy as np
 
 from ...spec import SpecError, load_spec
 from .bare_read import BareRead, array_region, expert_regions
-from .runtime import MoeW4A16, _cupy
+from .device import get_cupy, host_activation, to_activation
+from .runtime import MoeW4A16
 
 FLUSH_BYTES = 256 << 20
 
@@ -42,10 +43,22 @@ def copy_bandwidth(cp, nbytes: int = 1 << 30, reps: int = 10) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
+_TIMING_STREAMS: dict[int, object] = {}
+
+
+def timing_stream(cp):
+    """One stream per device for all timing (a layer's workspace is per stream: a new stream
+    per timed call would hold a new workspace each)."""
+    device = cp.cuda.Device().id
+    if device not in _TIMING_STREAMS:
+        _TIMING_STREAMS[device] = cp.cuda.Stream(non_blocking=True)
+    return _TIMING_STREAMS[device]
+
+
 def time_call(cp, fn, reps: int = 30, graph: bool = True) -> float:
     """Median microseconds of fn(), L2 flushed before each repetition."""
     flush = cp.empty(FLUSH_BYTES, dtype=cp.uint8)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = timing_stream(cp)
     with stream:
         fn()
         stream.synchronize()
@@ -86,26 +99,44 @@ def torch_time(torch, fn, reps: int) -> float:
 
 
 def random_packed(cp, layer: MoeW4A16, seed: int = 0):
-    """Random weights directly in the packed layout (any words are valid int4 weights)."""
-    from .runtime import PackedMoeWeights
-    m, g = layer.spec.moe, layer.spec.quant.group_size
+    """Random weights directly in the packed layout (any words are valid int4 weights; zero
+    points and act-order row orders where the spec has them)."""
+    from .packing import PackedMoeWeights
+    spec = layer.spec
+    m, g = spec.moe, spec.quant.group_size
     rs = cp.random.RandomState(seed)
 
     def words(k, n):
         return rs.randint(0, 2**31, size=(m.num_experts, k // 16, -(-n // 64), 32, 4),
                           dtype=cp.int64).astype(cp.uint32)
 
+    def per_group(k, n):
+        return (m.num_experts, k // g, -(-n // 64), 8, 8)
+
     def scales(k, n):
-        return (rs.random_sample((m.num_experts, k // g, -(-n // 64), 8, 8)) * 0.01
-                ).astype(cp.float16)
+        return to_activation(cp, rs.random_sample(per_group(k, n)) * 0.01,
+                             spec.dtype).view(cp.uint16)
+
+    def zeros(k, n):
+        if spec.quant.symmetric:
+            return None
+        return to_activation(cp, rs.randint(-8, 8, per_group(k, n)).astype(cp.float32),
+                             spec.dtype).view(cp.uint16)
+
+    def rows(k):
+        if not spec.quant.act_order:
+            return None
+        return cp.argsort(rs.random_sample((m.num_experts, k)), axis=-1).astype(cp.int32)
     h, i = m.hidden_size, m.intermediate_size
-    return PackedMoeWeights(words(h, 2 * i), scales(h, 2 * i), words(i, h), scales(i, h))
+    return PackedMoeWeights(words(h, 2 * i), scales(h, 2 * i), words(i, h), scales(i, h),
+                            zeros(h, 2 * i), zeros(i, h), rows(h), rows(i), spec.dtype)
 
 
 def expert_bytes(layer: MoeW4A16, weights) -> int:
-    """int4 weight + scale bytes of one expert in the packed layout."""
+    """int4 weight + scale (+ zero point) bytes of one expert in the packed layout."""
     return sum(a.nbytes // layer.spec.moe.num_experts
-               for a in (weights.w13, weights.w13_scales, weights.w2, weights.w2_scales))
+               for a in (weights.w13, weights.w13_scales, weights.w2, weights.w2_scales,
+                         weights.w13_zeros, weights.w2_zeros) if a is not None)
 
 
 class TorchBaseline:
@@ -165,7 +196,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
               pipeline: str | None = None, experts: int | None = None) -> list[dict]:
     """Time the layer per token count (see `moegen bench`); `experts`: route every token among
     the first that many experts instead of all of them (a skewed router)."""
-    cp = _cupy()
+    cp = get_cupy()
     spec = load_spec(spec)
     check_experts(spec, experts)
     layer = MoeW4A16(spec, pipeline=pipeline, tuning=tuning)
@@ -192,7 +223,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         if t > spec.tokens.max:
             log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
             continue
-        x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
+        x = to_activation(cp, cp.asarray(rng.standard_normal((t, m.hidden_size))), spec.dtype)
         logits = cp.asarray(confine_routing(
             rng.standard_normal((t, m.num_experts)).astype(np.float32), experts))
         ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
@@ -208,7 +239,8 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         if base is not None:
             torch = base.torch
             cp.cuda.runtime.deviceSynchronize()
-            xt = torch.from_dlpack(x).to(torch.bfloat16)
+            xt = (torch.from_dlpack(x.view(cp.int16)).view(torch.bfloat16)
+                  if spec.dtype == "bfloat16" else torch.from_dlpack(x).to(torch.bfloat16))
             it = torch.from_dlpack(ids).long()
             wt = torch.from_dlpack(wts)
             torch.cuda.synchronize()
@@ -225,29 +257,85 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     return rows
 
 
+def bench_dtypes(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
+                 log=print, **kw) -> dict[str, list[dict]]:
+    """`bench_moe` with fp16 activations, then bf16 (the spec's other keys as they are), then
+    the two side by side: the bf16 time over the fp16 time per token count."""
+    spec = load_spec(spec)
+    rows = {}
+    for dtype in ("float16", "bfloat16"):
+        log(f"--- activations {dtype}")
+        rows[dtype] = bench_moe(replace(spec, dtype=dtype), tokens, None, reps,
+                                baseline=False, log=log, **kw)
+    log(f"{'T':>6} {'fp16 us':>9} {'bf16 us':>9} {'bf16/fp16':>10}")
+    for a, b in zip(rows["float16"], rows["bfloat16"]):
+        log(f"{a['tokens']:>6} {a['moegen_us']:>9.1f} {b['moegen_us']:>9.1f} "
+            f"{b['moegen_us'] / a['moegen_us']:>10.3f}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"spec": spec.name, "rows": rows}, f, indent=2)
+    return rows
+
+
+def bench_pack(spec, layers: int, log=print) -> dict:
+    """Pack `layers` layers of random weights of the spec on the GPU (pack_moe_weights: the
+    reference layout in device memory -> the kernels' layout); the weights of each are drawn
+    on the device first, untimed. Returns the seconds in all and per layer."""
+    import time
+
+    from ...quant import QuantizedWeight
+    from .packing import pack_moe_weights, weight_shapes
+    cp = get_cupy()
+    spec = load_spec(spec)
+    g, q = spec.quant.group_size, spec.quant
+    rs = cp.random.RandomState(0)
+
+    def draw(shape):
+        e, k, n = shape
+        return QuantizedWeight(
+            rs.randint(-8, 8, shape, dtype=cp.int32).astype(cp.int8),
+            to_activation(cp, rs.random_sample((e, k // g, n)) * 0.01, spec.dtype),
+            None if q.symmetric else rs.randint(-8, 8, (e, k // g, n),
+                                                dtype=cp.int32).astype(cp.int8),
+            None if not q.act_order else (cp.argsort(cp.argsort(
+                rs.random_sample((e, k)), axis=-1), axis=-1) // g).astype(cp.int32).get())
+    seconds = 0.0
+    packed_bytes = 0
+    for _ in range(layers):
+        w13, w2 = (draw(shape) for shape in weight_shapes(spec).values())
+        cp.cuda.get_current_stream().synchronize()
+        start = time.perf_counter()
+        packed = pack_moe_weights(spec, w13, w2)
+        cp.cuda.get_current_stream().synchronize()
+        seconds += time.perf_counter() - start
+        packed_bytes = packed.nbytes()
+        del w13, w2, packed
+    log(f"{spec.name}: packed {layers} layers on the GPU in {seconds:.2f} s "
+        f"({seconds / layers * 1e3:.1f} ms a layer, {packed_bytes / 1e6:.0f} MB packed each)")
+    return {"layers": layers, "seconds": seconds, "per_layer_s": seconds / layers}
+
+
 def run_moe(spec, tokens: int, seed: int | None = None, log=print, tuning="auto") -> float:
     """One layer call on random data against the reference; returns the relative error."""
     from ... import reference
-    from ...quant import quantize_int4
-    cp = _cupy()
+    cp = get_cupy()
     spec = load_spec(spec)
     m, g = spec.moe, spec.quant.group_size
     rng = np.random.default_rng(seed)
     layer = MoeW4A16(spec, tuning=tuning)
-    w13_q, w13_s = quantize_int4(rng.standard_normal((m.num_experts, m.hidden_size,
-                                                      2 * m.intermediate_size)) * 0.05, g)
-    w2_q, w2_s = quantize_int4(rng.standard_normal((m.num_experts, m.intermediate_size,
-                                                    m.hidden_size)) * 0.05, g)
-    weights = layer.pack(w13_q, w13_s, w2_q, w2_s)
-    x = rng.standard_normal((tokens, m.hidden_size)).astype(np.float16)
+    w13, w2 = reference.random_moe_weights(rng, spec)
+    weights = layer.pack(w13, w2)
+    x = rng.standard_normal((tokens, m.hidden_size)).astype(reference.activation_dtype(spec.dtype))
     logits = rng.standard_normal((tokens, m.num_experts)).astype(np.float32)
-    y = cp.asnumpy(layer(cp.asarray(x), cp.asarray(logits), weights))
+    y = layer(cp.asarray(host_activation(x)), cp.asarray(logits), weights)
+    y = cp.asnumpy(y).view(x.dtype).astype(np.float64)
     ids, w = reference.topk_softmax(logits, m.top_k, m.renormalize)
-    want = reference.moe_w4a16(x, ids, w, w13_q, w13_s, w2_q, w2_s, g)
-    err = float(np.linalg.norm(y.astype(np.float64) - want) / np.linalg.norm(want))
-    ok = err <= 2e-3 and not np.isnan(y).any()
+    want = reference.moe_w4a16_weights(x, ids, w, w13, w2, g)
+    err = float(np.linalg.norm(y - want) / np.linalg.norm(want))
+    limit = reference.MOE_REL_TOLERANCE[spec.dtype]
+    ok = err <= limit and not np.isnan(y).any()
     log(f"{spec.name}: T = {tokens}, relative error {err:.2e} against moegen.reference "
-        f"({'ok' if ok else 'FAILED'}, limit 2e-3)")
+        f"({'ok' if ok else 'FAILED'}, limit {limit:g})")
     return err
 
 
@@ -290,7 +378,7 @@ def bench_msd(spec, json_path: str | None = None, reps: int = 30, rows: list[int
     """Per M in `rows` (default: the spec's): basic, preload (s8 and s4 MMA) and the dequant
     lowering against the int4 floor and (`baseline`) fp16 cuBLAS (PyTorch), in one process on
     the same inputs."""
-    cp = _cupy()
+    cp = get_cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
     bw = copy_bandwidth(cp)
@@ -343,7 +431,7 @@ def run_msd(spec, seed: int | None = None, log=print, tuning="auto") -> float:
     """Every variant on random data (drawn as the sample's generator draws) against its
     reference: `reference.msd_matmul` for MSD, `reference.dequant_matmul` for dequant."""
     from ... import reference
-    cp = _cupy()
+    cp = get_cupy()
     spec = load_spec(spec)
     s, g = spec.msd, spec.quant.group_size
     rng = np.random.default_rng(seed)

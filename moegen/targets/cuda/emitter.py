@@ -16,6 +16,7 @@ from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
 from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
                            tall_shared_bytes, tall_wide_block_k, wide_split_fill_ctas)
+from ...build import ACTIVATION_TYPES
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
@@ -73,12 +74,17 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
         kdim = op.operands[0].type.shape[1].value
         n = op.operands[1].type.shape[2].value
         tile = op.attrs["tile"]
+        zeros = bool(op.attr("zero_points"))
+        # act-order: the GEMM reads its activations gathered per slot (moe_permute_x, _act),
+        # one row a slot
+        permuted = bool(op.attr("act_order"))
         epi = EPILOGUES.index(op.attr("epilogue"))   # the template's EPILOGUE number
         g = GemmPlan(
             name="gate_up" if gate_up else "down", weights="w13" if gate_up else "w2",
-            a=op.operands[0].name, out=op.results[0].name, kdim=kdim, n=n,
+            a=(f"{op.operands[0].name}_permuted" if permuted else op.operands[0].name),
+            out=op.results[0].name, kdim=kdim, n=n,
             nout=op.results[0].type.shape[1].value, ntiles=-(-n // 64),
-            row_div=int(op.attr("topk")), epilogue=epi,
+            row_div=1 if permuted else int(op.attr("topk")), epilogue=epi,
             sum_topk=int(op.attr("sum_topk")) if op.attr("epilogue") == "topk_sum" else 0,
             perm_gate_up=gate_up,
             mul_weights=bool(op.attr("mul_topk_weights")))
@@ -124,7 +130,8 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                "ctas_per_sm": ctas, "tall": tall,
                                # dynamic shared memory of the launch (0: static only)
-                               "shared_bytes": (tall_shared_bytes(block, stages, block_k)
+                               "shared_bytes": (tall_shared_bytes(block, stages, block_k,
+                                                                  zeros)
                                                 if tall else 0),
                                # (the wide CTA in a tall tile's place: k16 steps a stage)
                                "wide_ks": tall_wide_block_k(block_k) // 16 if tall else 0,
@@ -138,9 +145,12 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
     return plans
 
 
-def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> dict:
-    """The launch plan's workspace: the alloc pass's arena (its buffers by result name), then
-    the split-K partial sums and arrival counters sized for the largest split bucket, then
+def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> tuple[dict, dict]:
+    """The launch plan's workspace and state. The workspace is scratch a call fills before it
+    reads it, so layers on one stream share it (runtime: workspace.py): the alloc pass's arena
+    (its buffers by result name), then the split-K partial sums sized for the largest split
+    bucket, then (act-order) the GEMMs' activations gathered per slot. The state is the layer's
+    own, zero between calls (the kernels leave it so): the split-K arrival counters, then
     (topk_sum) one arrival counter per column tile of the down GEMM."""
     m = spec.moe
     offsets = {}
@@ -161,17 +171,25 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> dict:
                                     blocks * g.ntiles * v["split"] * rows * 64 * 4)
                 counter_ints = max(counter_ints, blocks * g.ntiles)
     align = module.attrs["workspace"]["alignment"]
-    partials_at = -(-arena // align) * align
-    counters_at = partials_at + max(-(-partial_bytes // align) * align, align)
+    partials_at = align_up(arena, align)
+    total = partials_at + max(align_up(partial_bytes, align), align)
+    if spec.quant.act_order:      # [T*K, H] and [T*K, I] of the activations' type, gathered
+        for g in gemms:
+            nbytes = spec.tokens.max * m.top_k * g.kdim * 2
+            offsets[g.a] = {"offset": total, "bytes": nbytes,
+                            "type": f"tensor<{spec.tokens.max * m.top_k}x{g.kdim}x"
+                                    f"{ACTIVATION_TYPES[spec.dtype]}>"}
+            total += align_up(nbytes, align)
     # topk_sum: one arrival counter per column tile of the down GEMM, after the split-K ones
-    sum_counters_at = counters_at + max(-(-counter_ints * 4 // align) * align, align)
+    sum_counters_at = max(align_up(counter_ints * 4, align), align)
     sum_counter_ints = gemms[1].ntiles if summed else 0
-    total = sum_counters_at + (-(-sum_counter_ints * 4 // align) * align)
-    return {"bytes": total, "alignment": align, "arena_bytes": arena, "buffers": offsets,
-            "partials": {"offset": partials_at, "bytes": partial_bytes},
-            "counters": {"offset": counters_at, "ints": counter_ints},
-            **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
-               if summed else {})}
+    workspace = {"bytes": total, "alignment": align, "arena_bytes": arena, "buffers": offsets,
+                 "partials": {"offset": partials_at, "bytes": partial_bytes}}
+    state = {"bytes": sum_counters_at + align_up(sum_counter_ints * 4, align),
+             "counters": {"offset": 0, "ints": counter_ints},
+             **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
+                if summed else {})}
+    return workspace, state
 
 
 def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
@@ -185,6 +203,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
     gemms = _gemm_plans(module)
+    zeros, act_order = not spec.quant.symmetric, spec.quant.act_order
     # a call of one token with router logits is routed inside every CTA of both GEMMs where
     # the tile pass says (their first bucket runs the K-split CTA): by a form of that bucket's
     # kernel of its own (route_kernel: the same arguments and the logits), so that the kernel
@@ -210,10 +229,11 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
                     gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
-                    gemm_route=gemm_route)
+                    gemm_route=gemm_route, bf16=spec.dtype == "bfloat16", zero_points=zeros,
+                    act_order=act_order)
     device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
-    workspace = _workspace(spec, module, gemms, summed)
+    workspace, state = _workspace(spec, module, gemms, summed)
     first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
     buckets = gemms[0].variants
     plan = {
@@ -255,12 +275,21 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
             *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],
                                   "block": 256,
                                   "launch": "programmatic dependent (sm_90 and later)"}]),
+            *([{"name": name, "grid": [f"ceil(T*K*{what} / 256)", 1, 1], "block": 256,
+                "when": f"act-order: before the {gemm} GEMM"}
+               for name, what, gemm in (("moe_permute_x", "H", "gate/up"),
+                                        ("moe_permute_act", "I", "down"))]
+              if act_order else []),
         ],
+        "dtype": spec.dtype,
+        "zero_points": zeros,
+        "act_order": act_order,
         "router": router.attr("router"),
         "route_align_max_tokens": fused_tokens,
         "gemm_route": gemm_route,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": workspace,
+        "state": state,
     }
     return CudaProgram(source=source, header=device_header, plan=plan, ir=str(module))

@@ -10,8 +10,15 @@ For a weight q [E, K, N] (int4 values in [-8, 7]) with scales [E, K/G, N]:
   k = 2 (l % 4), nibble i is column 16 t + r + 8 (i % 2), k offset k + i // 4 + 8 ((i % 4) // 2),
   stored as q + 8 (so `dequant8` in moegen_w4a16.cuh unpacks the four A registers, two
   values per lop3);
-- scales [E, K/G, N/64, 8, 8] fp16: [.., n, j] is the scale of column 8 j + n, so lane l reads
-  the scales of its eight columns 8 j + l / 4 in one 16-byte load.
+- scales [E, K/G, N/64, 8, 8] in the activations' type (fp16 or bf16): [.., n, j] is the scale
+  of column 8 j + n, so lane l reads the scales of its eight columns 8 j + l / 4 in one 16-byte
+  load; zero points (asymmetric int4) the same, z - 8 in the activations' type;
+- act-order (GPTQ desc_act, a group index per row): each expert's rows sorted by group
+  (`act_order_rows`), so that row j lies in group j / G; the layer gathers its activations in
+  the same order.
+
+`pack_weights` is the reference the GPU packer (moegen/targets/cuda/packing.py) is checked
+against, bit for bit.
 """
 from __future__ import annotations
 
@@ -36,32 +43,68 @@ def padded_columns(n: int) -> int:
     return -(-n // 64) * 64
 
 
+def scale_dtype(scales) -> np.dtype:
+    """The packed scales' type: bf16 (ml_dtypes) stays bf16, anything else becomes fp16."""
+    dt = np.asarray(scales).dtype
+    return dt if dt.name == "bfloat16" else np.dtype(np.float16)
+
+
+def pack_group_values(values, columns: np.ndarray | None = None, dtype=None) -> np.ndarray:
+    """Per-group values [E, K/G, N] (scales, or zero points) -> [E, K/G, N/64 (padded), 8, 8] of
+    `dtype` (default: `scale_dtype`), [.., n, j] the value of column 8 j + n of the tile (after
+    `columns`), 0 past N."""
+    values = np.asarray(values)
+    values = values.astype(dtype or scale_dtype(values))
+    if columns is not None:
+        values = values[..., columns]
+    e, groups, n = values.shape
+    npad = padded_columns(n)
+    if npad != n:
+        values = np.concatenate([values, np.zeros((e, groups, npad - n), values.dtype)], axis=-1)
+    return np.ascontiguousarray(values.reshape(e, groups, npad // 64, 8, 8).swapaxes(-1, -2))
+
+
+def act_order_rows(g_idx, group: int) -> np.ndarray:
+    """int32 [E, K]: each expert's rows ordered by group (stable), so that sorted row j lies in
+    group j / group; each group must hold exactly `group` rows (as GPTQ's g_idx does)."""
+    g_idx = np.asarray(g_idx)
+    groups = g_idx.shape[-1] // group
+    if g_idx.size and (g_idx.min() < 0 or g_idx.max() >= groups):
+        raise ValueError(f"g_idx: values {g_idx.min()}..{g_idx.max()} must lie in "
+                         f"[0, K / group_size = {groups})")
+    counts = np.stack([np.bincount(row, minlength=groups) for row in g_idx])
+    bad = np.argwhere(counts != group)
+    if len(bad):
+        ex, grp = bad[0]
+        raise ValueError(f"g_idx of expert {ex}: group {grp} holds {counts[ex, grp]} rows; "
+                         f"act-order needs each of the {groups} groups to hold {group}")
+    return np.argsort(g_idx, axis=-1, kind="stable").astype(np.int32)
+
+
 def pack_weights(q: np.ndarray, scales: np.ndarray, group: int,
                  columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """q int8 [E, K, N], scales fp16 [E, K/G, N] -> (words uint32, scales fp16) as above."""
+    """q int8 [E, K, N], scales [E, K/G, N] -> (words uint32, scales fp16 or bf16) as above."""
     q = np.asarray(q)
-    scales = np.asarray(scales, dtype=np.float16)
     e, k, n = q.shape
     if k % 16 or k % group:
         raise ValueError(f"K = {k} must be a multiple of 16 and of the group size {group}")
     if columns is not None:
-        q, scales = q[..., columns], scales[..., columns]
+        q = q[..., columns]
+        n = q.shape[-1]
     npad = padded_columns(n)
     if npad != n:
         q = np.concatenate([q, np.zeros((e, k, npad - n), q.dtype)], axis=-1)
-        scales = np.concatenate([scales, np.zeros((e, k // group, npad - n), np.float16)], axis=-1)
     u = ((q.astype(np.int16) + 8) & 0xF).astype(np.uint8)               # q + 8, in 0..15
     tiles = u.reshape(e, k // 16, 16, npad // 64, 64).transpose(0, 1, 3, 2, 4)
     words = np.zeros((e, k // 16, npad // 64, 32, 4), np.uint32)
     for i in range(8):                                                   # nibble i of each word
         words |= tiles[..., K_IDX[..., i], N_IDX[..., i]].astype(np.uint32) << np.uint32(4 * i)
-    s = scales.reshape(e, k // group, npad // 64, 8, 8).swapaxes(-1, -2)  # [.., n, j]
-    return np.ascontiguousarray(words), np.ascontiguousarray(s)
+    return np.ascontiguousarray(words), pack_group_values(scales, columns)
 
 
 def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
                    columns: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of `pack_weights`: (q int8 [E, K, N], scales fp16 [E, K/G, N])."""
+    """The inverse of `pack_weights`: (q int8 [E, K, N], scales [E, K/G, N])."""
     e, ksteps, ntiles = words.shape[:3]
     nib = np.stack([(words >> np.uint32(4 * i)) & 0xF for i in range(8)], axis=-1)
     tiles = np.zeros((e, ksteps, ntiles, 16, 64), np.int16)
@@ -73,7 +116,7 @@ def unpack_weights(words: np.ndarray, packed_scales: np.ndarray, n: int,
     if columns is not None:
         inverse = np.argsort(columns)
         q, s = q[..., inverse], s[..., inverse]
-    return q.astype(np.int8), s.astype(np.float16)
+    return q.astype(np.int8), s
 
 
 def pack_dense_weights(q: np.ndarray) -> np.ndarray:

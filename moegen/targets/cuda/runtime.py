@@ -8,44 +8,23 @@ early, so a call can be captured in a CUDA graph and replayed.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ...passes.pipelines import DEFAULT_PIPELINES, lower
 from ...passes.tile import SHARED_PER_CTA
+from ...quant import QuantizedWeight
 from ...resources import data_dir
 from ...spec import load_spec
+from . import workspace as shared_workspace
+from .device import (CudaUnavailable, activation_storage, as_activation, as_device, device_arch,
+                     get_cupy, is_torch, result_for, stream_for)
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
 from .launch import launch_after_previous, supported as pdl_supported
-from .layout import gate_up_columns, pack_weights
+from .packing import PackedMoeWeights, pack_moe_weights
 
-
-class CudaUnavailable(RuntimeError):
-    """No CuPy or no GPU: the message says which, in one line."""
-
-
-def _cupy():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise CudaUnavailable("no CUDA GPU is visible")
-        return cupy
-    except ImportError:
-        raise CudaUnavailable("CuPy is not installed (pip install 'moegen[cuda]', or the "
-                              "cupy-cudaXXx wheel for your CUDA)") from None
-    except Exception as exc:  # CUDA driver errors arrive as cupy exceptions
-        if isinstance(exc, CudaUnavailable):
-            raise
-        raise CudaUnavailable(f"no usable CUDA GPU ({exc})") from None
-
-
-def device_arch() -> str:
-    """The current GPU's architecture, e.g. sm_80; sm_90a on Hopper (its arch-specific features,
-    such as the warpgroup MMA the prefill GEMMs use)."""
-    cc = _cupy().cuda.Device().compute_capability
-    return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
+__all__ = ["CudaUnavailable", "MoeW4A16", "MsdMatmul", "PackedMoeWeights", "device_arch"]
 
 
 # Compiled modules of this process, by a hash of source, options and arch: a second layer of the
@@ -80,7 +59,7 @@ def nvrtc_input(program: CudaProgram, arch: str) -> tuple[str, tuple[str, ...]]:
 def compile_program(program: CudaProgram, arch: str, stem: str):
     """CuPy RawModule of the program's source, for `arch`; failures name the source and options.
     Cached in this process (by code and options) and across processes by CuPy's disk cache."""
-    cp = _cupy()
+    cp = get_cupy()
     code, options = nvrtc_input(program, arch)
     key = hashlib.sha256("\0".join((code, *options)).encode()).hexdigest()
     if key in _MODULES:
@@ -112,78 +91,33 @@ def load_kernel(cp, module, name: str, shared_bytes: int, hint: str):
     return fn
 
 
-def as_device(cp, value, name: str, dtype, shape: tuple | None = None):
-    """A CuPy view of a CuPy array or DLPack tensor (no copy); checks dtype, shape, layout."""
-    if isinstance(value, cp.ndarray):
-        arr = value
-    elif hasattr(value, "__dlpack__"):
-        arr = cp.from_dlpack(value)
-    else:
-        raise TypeError(f"{name}: expected a CuPy array or a DLPack tensor on the GPU, got "
-                        f"{type(value).__name__}")
-    if arr.dtype != np.dtype(dtype):
-        raise TypeError(f"{name}: dtype {arr.dtype}, expected {np.dtype(dtype)}")
-    if shape is not None and tuple(arr.shape) != tuple(shape):
-        raise ValueError(f"{name}: shape {tuple(arr.shape)}, expected {tuple(shape)}")
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{name}: must be C-contiguous")
-    return arr
-
-
-def _stream_for(cp, *values):
-    """PyTorch's current stream for PyTorch inputs, else CuPy's current stream."""
-    for v in values:
-        if type(v).__module__.startswith("torch"):
-            import torch
-            current = torch.cuda.current_stream()
-            if hasattr(cp.cuda.Stream, "from_external"):
-                return cp.cuda.Stream.from_external(current)
-            return cp.cuda.ExternalStream(current.cuda_stream)
-    return cp.cuda.get_current_stream()
-
-
-def _result(x, y, out):
-    """What a call returns: `out` when given, else the output view (as PyTorch for PyTorch x)."""
-    if out is not None:
-        return out
-    if type(x).__module__.startswith("torch"):
-        import torch
-        return torch.from_dlpack(y)
-    return y
-
-
-@dataclass
-class PackedMoeWeights:
-    """Weights in the kernels' layout (device arrays), from `MoeW4A16.pack`."""
-    w13: object
-    w13_scales: object
-    w2: object
-    w2_scales: object
-
-
 class MoeW4A16:
     """The W4A16 MoE layer of a spec, compiled for the current GPU.
 
     layer = MoeW4A16("examples/qwen3-30b-a3b.yaml")
-    weights = layer.pack(w13_q, w13_scale, w2_q, w2_scale)        # reference layout, once
-    y = layer(x, router_logits, weights)                          # fp16 [T, H]
+    weights = layer.pack(w13, w2)               # QuantizedWeight (reference layout), once
+    y = layer(x, router_logits, weights)        # [T, H] of the spec's dtype (fp16 or bf16)
     y = layer(x, weights, topk_ids=ids, topk_weights=w)           # routing given
 
-    The result is a view of the layer's output buffer, valid until the next call; pass
-    `out=` (fp16 [T, H]) to write elsewhere. On sm_90 and later the down GEMM's K-split
-    kernels (decode buckets, but not the wide CTA of one) are launched with programmatic
-    dependent launch (moegen/targets/cuda/launch.py) where the launch plan says (`follows_from`:
-    calls of PDL_MIN_TOKENS tokens or more, and the single-token bucket): they stream their
-    first weight stages while the gate/up GEMM finishes. The gate/up GEMM's K-split kernels
-    follow the align kernel so (from GATE_UP_PDL_MIN_TOKENS tokens, and the single-token
-    bucket), waiting for it before they read anything, and the top-k sum follows the down
-    GEMM so at every T (its launch overlaps that kernel).
-    `pdl=False` launches each kernel after the one before (the same output, bit for bit).
+    The result is a view of the layer's output buffer (allocated by the first call without
+    `out=`), valid until the next call; pass `out=` ([T, H] of the spec's dtype) to write
+    elsewhere. Routing given with expert ids outside [0, E) (another rank's experts) skips
+    those slots: they add nothing to their token's sum. Scratch memory is shared by every layer
+    on the same device and stream (workspace.py); a layer owns only its arrival counters.
+    On sm_90 and later the down GEMM's K-split kernels (decode buckets, but not the wide CTA of
+    one) are launched with programmatic dependent launch (moegen/targets/cuda/launch.py) where
+    the launch plan says (`follows_from`: calls of PDL_MIN_TOKENS tokens or more, and the
+    single-token bucket): they stream their first weight stages while the gate/up GEMM
+    finishes. The gate/up GEMM's K-split kernels follow the align kernel so (from
+    GATE_UP_PDL_MIN_TOKENS tokens, and the single-token bucket), waiting for it before they
+    read anything, and the top-k sum follows the down GEMM so at every T (its launch overlaps
+    that kernel). `pdl=False` launches each kernel after the one before (the same output, bit
+    for bit).
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
                  arch: str | None = None, tuning="auto", pdl: bool = True):
-        cp = _cupy()
+        cp = get_cupy()
         tuning = resolve_tuning(tuning)
         self.spec = load_spec(spec)
         if self.spec.pipeline != "moe_w4a16":
@@ -202,62 +136,94 @@ class MoeW4A16:
                                                "the wide CTA, which needs less")
                         for k in self.plan["kernels"]}
         self.threads = {k["name"]: k["block"] for k in self.plan["kernels"]}   # per CTA
-        ws = self.plan["workspace"]
-        self.workspace = cp.zeros(ws["bytes"], dtype=cp.uint8)   # once; counters start at 0
-        m = self.spec.moe
-        self.out = cp.empty((self.spec.tokens.max, m.hidden_size), dtype=cp.float16)
+        shared_workspace.reserve(cp, self.plan["workspace"]["bytes"])
+        self.state = cp.zeros(self.plan["state"]["bytes"], dtype=cp.uint8)   # counters at 0
+        self.dtype = self.spec.dtype
+        self._out = None
         self.gemms = self.plan["gemms"]
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
         self.gemm_route = self.plan["gemm_route"]    # T = 1 with logits: routed in the GEMMs
+        if self.plan["act_order"] and (self.gemm_route or self.route_align_max_tokens):
+            raise ValueError("act-order gathers rows by the top-k ids in memory: the plan must "
+                             "route with the router and align kernels")
         self.pdl = pdl and pdl_supported(self.arch)
         # the top-k sum kernel after the down GEMM with programmatic dependent launch
         self.aggregate_follows = any("launch" in k for k in self.plan["kernels"]
                                      if k["name"] == "moe_aggregate")
 
-    # --- workspace views --------------------------------------------------------------------
-    def _view(self, cp, name: str, dtype, count: int):
-        b = self.plan["workspace"]["buffers"][name]
-        return cp.ndarray((count,), dtype=dtype, memptr=self.workspace.data + b["offset"])
+    @property
+    def out(self):
+        """The layer's own output buffer [tokens.max, H] (allocated on first use)."""
+        if self._out is None:
+            cp = get_cupy()
+            self._out = cp.empty((self.spec.tokens.max, self.spec.moe.hidden_size),
+                                 dtype=activation_storage(self.dtype))
+        return self._out
 
-    def _scratch(self, cp, which: str, dtype):
-        s = self.plan["workspace"][which]
-        n = max(s.get("bytes", 0) // 4, s.get("ints", 0), 1)
-        return cp.ndarray((n,), dtype=dtype, memptr=self.workspace.data + s["offset"])
+    @property
+    def workspace(self):
+        """The shared workspace of the current stream (uint8)."""
+        cp = get_cupy()
+        return shared_workspace.scratch(cp, cp.cuda.get_current_stream())
+
+    # --- workspace views --------------------------------------------------------------------
+    def _view(self, cp, ws, name: str, dtype, count: int):
+        b = self.plan["workspace"]["buffers"][name]
+        return cp.ndarray((count,), dtype=dtype, memptr=ws.data + b["offset"])
+
+    def _partials(self, cp, ws):
+        s = self.plan["workspace"]["partials"]
+        return cp.ndarray((max(s["bytes"] // 4, 1),), dtype=cp.float32,
+                          memptr=ws.data + s["offset"])
+
+    def _counters(self, cp, which: str):
+        s = self.plan["state"][which]
+        return cp.ndarray((max(s["ints"], 1),), dtype=cp.int32,
+                          memptr=self.state.data + s["offset"])
 
     # --- weights ----------------------------------------------------------------------------
-    def pack(self, w13_q, w13_scale, w2_q, w2_scale) -> PackedMoeWeights:
-        """Reference layout (numpy or device arrays) -> the kernels' layout on the GPU (offline)."""
-        cp = _cupy()
-        m, g = self.spec.moe, self.spec.quant.group_size
-        host = [cp.asnumpy(a) if isinstance(a, cp.ndarray) else np.asarray(a)
-                for a in (w13_q, w13_scale, w2_q, w2_scale)]
-        want = [(m.num_experts, m.hidden_size, 2 * m.intermediate_size),
-                (m.num_experts, m.hidden_size // g, 2 * m.intermediate_size),
-                (m.num_experts, m.intermediate_size, m.hidden_size),
-                (m.num_experts, m.intermediate_size // g, m.hidden_size)]
-        for name, a, shape in zip(("w13_q", "w13_scale", "w2_q", "w2_scale"), host, want):
-            if a.shape != shape:
-                raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
-        w13, s13 = pack_weights(host[0], host[1], g, gate_up_columns(m.intermediate_size))
-        w2, s2 = pack_weights(host[2], host[3], g)
-        return PackedMoeWeights(*(cp.asarray(a) for a in (w13, s13, w2, s2)))
+    def pack(self, *weights) -> PackedMoeWeights:
+        """Weights in the reference layout -> the kernels' layout, packed on the GPU (once).
+
+        `pack(w13, w2)` with two moegen.quant.QuantizedWeight (zero points and g_idx as the
+        spec asks), or `pack(w13_q, w13_scale, w2_q, w2_scale)` for symmetric weights (numpy,
+        CuPy or PyTorch arrays)."""
+        if len(weights) == 4 and not any(isinstance(w, QuantizedWeight) for w in weights):
+            weights = (QuantizedWeight(*weights[:2]), QuantizedWeight(*weights[2:]))
+        if len(weights) != 2 or not all(isinstance(w, QuantizedWeight) for w in weights):
+            raise TypeError("pack(w13, w2): two QuantizedWeight, or pack(w13_q, w13_scale, "
+                            "w2_q, w2_scale)")
+        return pack_moe_weights(self.spec, *weights)
+
+    def _check_weights(self, weights) -> None:
+        if not isinstance(weights, PackedMoeWeights):
+            raise TypeError("weights: expected the PackedMoeWeights that layer.pack returned")
+        q = self.spec.quant
+        if weights.dtype != self.dtype or (weights.w13_zeros is None) != q.symmetric or \
+                (weights.w13_rows is None) == q.act_order:
+            raise ValueError(f"weights: packed for dtype {weights.dtype}, zero points "
+                             f"{weights.w13_zeros is not None}, act-order "
+                             f"{weights.w13_rows is not None}; the layer's spec has "
+                             f"{self.dtype}, {not q.symmetric}, {q.act_order}")
 
     # --- the layer ---------------------------------------------------------------------------
     def route(self, router_logits):
         """Only the router: (topk_ids int32 [T, k], topk_weights float32 [T, k]) views of the
         workspace, valid until the next call."""
-        cp = _cupy()
+        cp = get_cupy()
         t = int(router_logits.shape[0])
-        with _stream_for(cp, router_logits):
-            ids, wts = self._route(cp, router_logits, t)
+        stream = stream_for(cp, router_logits)
+        with stream:
+            ws = shared_workspace.scratch(cp, stream, is_torch(router_logits))
+            ids, wts = self._route(cp, ws, router_logits, t)
         k = self.spec.moe.top_k
         return ids.reshape(t, k), wts.reshape(t, k)
 
-    def _route(self, cp, logits, t: int):
+    def _route(self, cp, ws, logits, t: int):
         m = self.spec.moe
         la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
-        ids = self._view(cp, "topk_ids", cp.int32, t * m.top_k)
-        wts = self._view(cp, "topk_weights", cp.float32, t * m.top_k)
+        ids = self._view(cp, ws, "topk_ids", cp.int32, t * m.top_k)
+        wts = self._view(cp, ws, "topk_weights", cp.float32, t * m.top_k)
         threads = self.threads["moe_router_topk"]        # one warp per token
         self.kernels["moe_router_topk"]((-(-t // (threads // 32)),), (threads,),
                                         (la, np.int32(t), ids, wts))
@@ -266,93 +232,118 @@ class MoeW4A16:
     # --- the layer call --------------------------------------------------------------------------
     def __call__(self, x, logits_or_weights, weights: PackedMoeWeights | None = None, *,
                  topk_ids=None, topk_weights=None, out=None):
-        cp = _cupy()
+        cp = get_cupy()
         m = self.spec.moe
         if isinstance(logits_or_weights, PackedMoeWeights):
             logits, weights = None, logits_or_weights
         else:
             logits = logits_or_weights
-        if not isinstance(weights, PackedMoeWeights):
-            raise TypeError("weights: expected the PackedMoeWeights that layer.pack returned")
-        stream = _stream_for(cp, x, logits, topk_ids, out)
-        xa = as_device(cp, x, "x", np.float16)
-        if xa.ndim != 2 or xa.shape[1] != m.hidden_size:
-            raise ValueError(f"x: shape {tuple(xa.shape)}, expected [T, {m.hidden_size}]")
+        self._check_weights(weights)
+        if logits is not None and (topk_ids is not None or topk_weights is not None):
+            raise ValueError("give router logits or topk_ids/topk_weights, not both")
+        if logits is None and (topk_ids is None or topk_weights is None):
+            raise ValueError("without router logits, give topk_ids and topk_weights")
+        stream = stream_for(cp, x, logits, topk_ids, out)
+        with stream:        # (DLPack views taken on the stream the call runs on: no sync)
+            xa = as_activation(cp, x, "x", self.dtype)
+            if xa.ndim != 2 or xa.shape[1] != m.hidden_size:
+                raise ValueError(f"x: shape {tuple(xa.shape)}, expected [T, {m.hidden_size}]")
+            t = xa.shape[0]
+            if t > self.spec.tokens.max:
+                raise ValueError(f"x: {t} tokens exceed the spec's tokens.max "
+                                 f"({self.spec.tokens.max})")
+            y = (self.out[:t] if out is None else
+                 as_activation(cp, out, "out", self.dtype, (t, m.hidden_size)))
+            if t > 0:
+                self._launch(cp, stream, shared_workspace.scratch(cp, stream, is_torch(x)), xa,
+                             y, logits, topk_ids, topk_weights, weights)
+        return result_for(x, y, out, self.dtype)
+
+    def _launch(self, cp, stream, ws, xa, y, logits, topk_ids, topk_weights,
+                weights: PackedMoeWeights) -> None:
+        """The call's launches on `stream` (current), reading and writing the workspace `ws`."""
+        m = self.spec.moe
         t = xa.shape[0]
-        if t > self.spec.tokens.max:
-            raise ValueError(f"x: {t} tokens exceed the spec's tokens.max ({self.spec.tokens.max})")
-        y = (self.out[:t] if out is None else
-             as_device(cp, out, "out", np.float16, (t, m.hidden_size)))
-        if t == 0:
-            return y if out is None else out
         k, slots = m.top_k, t * m.top_k
-        with stream:
-            bucket = next((i for i, (edge, _) in enumerate(self.plan["buckets"]) if t <= edge),
-                          len(self.plan["buckets"]) - 1)
-            block = self.plan["buckets"][bucket][1]
-            rows = slots + m.num_experts * max(b for _, b in self.plan["buckets"])
-            sorted_ids = self._view(cp, "sorted_token_ids", cp.int32, rows)
-            expert_ids = self._view(cp, "expert_ids", cp.int32, slots)
-            wflat = self._view(cp, "topk_weights_flat", cp.float32, rows)
-            total = self._view(cp, "num_tokens_post_padded", cp.int32, 1)
-            aligned = (sorted_ids, expert_ids, wflat, total)
-            if logits is not None and (topk_ids is not None or topk_weights is not None):
-                raise ValueError("give router logits or topk_ids/topk_weights, not both")
-            # one token with router logits: every CTA of both GEMMs routes it (no launch here)
-            in_gemm = logits is not None and t == 1 and self.gemm_route
-            if in_gemm:
-                one_token = (as_device(cp, logits, "router_logits", np.float32,
-                                       (t, m.num_experts)),)
-            elif logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
-                la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
-                self.kernels["moe_route_align"]((1,), (self.threads["moe_route_align"],),
-                                                (la, np.int32(t), np.int32(block), *aligned))
+        bucket = next((i for i, (edge, _) in enumerate(self.plan["buckets"]) if t <= edge),
+                      len(self.plan["buckets"]) - 1)
+        block = self.plan["buckets"][bucket][1]
+        rows = slots + m.num_experts * max(b for _, b in self.plan["buckets"])
+        sorted_ids = self._view(cp, ws, "sorted_token_ids", cp.int32, rows)
+        expert_ids = self._view(cp, ws, "expert_ids", cp.int32, slots)
+        wflat = self._view(cp, ws, "topk_weights_flat", cp.float32, rows)
+        total = self._view(cp, ws, "num_tokens_post_padded", cp.int32, 1)
+        aligned = (sorted_ids, expert_ids, wflat, total)
+        # the caller's expert ids, where some may lie outside [0, E) (skipped slots):
+        # the top-k sum leaves those out (null: every slot routed, as the router routes)
+        routed_ids = np.uint64(0)
+        ids = None                 # the slots' expert ids in memory (act-order reads them)
+        # one token with router logits: every CTA of both GEMMs routes it (no launch here)
+        in_gemm = logits is not None and t == 1 and self.gemm_route
+        if in_gemm:
+            one_token = (as_device(cp, logits, "router_logits", np.float32,
+                                   (t, m.num_experts)),)
+        elif logits is not None and t <= self.route_align_max_tokens:   # one CTA does both
+            la = as_device(cp, logits, "router_logits", np.float32, (t, m.num_experts))
+            self.kernels["moe_route_align"]((1,), (self.threads["moe_route_align"],),
+                                            (la, np.int32(t), np.int32(block), *aligned))
+        else:
+            if logits is not None:
+                ids, wts = self._route(cp, ws, logits, t)
             else:
-                if logits is not None:
-                    ids, wts = self._route(cp, logits, t)
-                elif topk_ids is None or topk_weights is None:
-                    raise ValueError("without router logits, give topk_ids and topk_weights")
-                else:
-                    ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
-                    wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
-                self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
-                                          (ids, wts, np.int32(slots), np.int32(block), *aligned))
-            partials = self._scratch(cp, "partials", cp.float32)
-            counters = self._scratch(cp, "counters", cp.int32)
-            blocks = max_blocks(t, k, m.num_experts, block)
-            src = xa
-            for g in self.gemms:
-                v = g["variants"][bucket]
-                w, s = ((weights.w13, weights.w13_scales) if g["weights"] == "w13" else
-                        (weights.w2, weights.w2_scales))
-                dst = self._view(cp, g["out"], cp.float16, slots * g["nout"])
-                summed = (y, self._scratch(cp, "sum_counters", cp.int32)) if g["sum_topk"] else ()
-                grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
-                args = (src, w, s, sorted_ids, expert_ids, total, wflat, np.int32(slots), dst,
-                        partials, counters, *summed, *(one_token if in_gemm else ()))
-                # routed in the GEMMs: the bucket's kernels in their routing form, gate/up the
-                # call's first launch (plain: it reads the logits before anything could wait)
-                kernel = self.kernels[v["route_kernel"] if in_gemm else v["kernel"]]
-                if (v["follows_from"] is not None and self.pdl and t >= v["follows_from"]
-                        and not (in_gemm and g["name"] == "gate_up")):
-                    launch_after_previous(kernel, grid, v["warps"] * 32, args, stream)
-                else:
-                    kernel(grid, (v["warps"] * 32,), args, shared_mem=v["shared_bytes"])
-                if g["name"] == "gate_up" and g["epilogue"] == 0:
-                    act = self._view(cp, "activation", cp.float16, slots * m.intermediate_size)
-                    n = slots * m.intermediate_size
-                    self.kernels["moe_swiglu"]((min(-(-n // 256), 65535),), (256,),
-                                               (dst, np.int32(slots), act))
-                    dst = act
-                src = dst
-            if not self.gemms[-1]["sum_topk"]:      # else the down GEMM summed into y
-                n8 = t * m.hidden_size // 8
-                grid, args = (min(-(-n8 // 256), 65535),), (src, np.int32(t), y)
-                if self.pdl and self.aggregate_follows:
-                    launch_after_previous(self.kernels["moe_aggregate"], grid, 256, args, stream)
-                else:
-                    self.kernels["moe_aggregate"](grid, (256,), args)
-        return _result(x, y, out)
+                ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
+                wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
+                routed_ids = ids
+            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
+                                      (ids, wts, np.int32(slots), np.int32(block), *aligned))
+        partials = self._partials(cp, ws)
+        counters = self._counters(cp, "counters")
+        blocks = max_blocks(t, k, m.num_experts, block)
+        act = activation_storage(self.dtype)
+        src = xa
+        for g in self.gemms:
+            v = g["variants"][bucket]
+            up = g["weights"] == "w13"
+            w, s, z, order = ((weights.w13, weights.w13_scales, weights.w13_zeros,
+                               weights.w13_rows) if up else
+                              (weights.w2, weights.w2_scales, weights.w2_zeros,
+                               weights.w2_rows))
+            if order is not None:      # act-order: the rows gathered in the weight's order
+                permuted = self._view(cp, ws, g["a"], act, slots * g["kdim"])
+                n = slots * g["kdim"]
+                self.kernels["moe_permute_x" if up else "moe_permute_act"](
+                    (min(-(-n // 256), 65535),), (256,),
+                    (src, ids, order, np.int32(slots), permuted))
+                src = permuted
+            dst = self._view(cp, ws, g["out"], act, slots * g["nout"])
+            summed = ((y, self._counters(cp, "sum_counters"), routed_ids)
+                      if g["sum_topk"] else ())
+            grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
+            args = (src, w, s, z if z is not None else np.uint64(0), sorted_ids, expert_ids,
+                    total, wflat, np.int32(slots), dst, partials, counters, *summed,
+                    *(one_token if in_gemm else ()))
+            # routed in the GEMMs: the bucket's kernels in their routing form, gate/up the
+            # call's first launch (plain: it reads the logits before anything could wait)
+            kernel = self.kernels[v["route_kernel"] if in_gemm else v["kernel"]]
+            if (v["follows_from"] is not None and self.pdl and t >= v["follows_from"]
+                    and not (in_gemm and up) and order is None):
+                launch_after_previous(kernel, grid, v["warps"] * 32, args, stream)
+            else:
+                kernel(grid, (v["warps"] * 32,), args, shared_mem=v["shared_bytes"])
+            if up and g["epilogue"] == 0:
+                swiglu = self._view(cp, ws, "activation", act, slots * m.intermediate_size)
+                n = slots * m.intermediate_size
+                self.kernels["moe_swiglu"]((min(-(-n // 256), 65535),), (256,),
+                                           (dst, np.int32(slots), swiglu))
+                dst = swiglu
+            src = dst
+        if not self.gemms[-1]["sum_topk"]:      # else the down GEMM summed into y
+            n8 = t * m.hidden_size // 8
+            grid, args = (min(-(-n8 // 256), 65535),), (src, np.int32(t), y, routed_ids)
+            if self.pdl and self.aggregate_follows:
+                launch_after_previous(self.kernels["moe_aggregate"], grid, 256, args, stream)
+            else:
+                self.kernels["moe_aggregate"](grid, (256,), args)
 
 
 class MsdMatmul:
@@ -368,7 +359,7 @@ class MsdMatmul:
     def __init__(self, spec, arch: str | None = None, pipeline: str | None = None,
                  tuning="auto"):
         from .msd_emitter import emit_msd
-        cp = _cupy()
+        cp = get_cupy()
         self.spec = load_spec(spec)
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
@@ -398,7 +389,7 @@ class MsdMatmul:
     def pack(self, w_q):
         """int4 values int8 [K, N] (numpy or device) -> the kernel's layout on the GPU."""
         from .layout import pack_dense_weights, pack_msd_weights
-        cp = _cupy()
+        cp = get_cupy()
         s = self.spec.msd
         host = cp.asnumpy(w_q) if isinstance(w_q, cp.ndarray) else np.asarray(w_q)
         if host.shape != (s.k, s.n):
@@ -408,18 +399,18 @@ class MsdMatmul:
         return cp.asarray(pack_msd_weights(host))
 
     def __call__(self, x, packed_w, scale, out=None, schedule: str | None = None):
-        cp = _cupy()
+        cp = get_cupy()
         s, g = self.spec.msd, self.spec.quant.group_size
         which = schedule or self.plan["default"]
         if which not in self.kernels:
             raise ValueError(f"schedule: {which!r} is not compiled for lowering "
                              f"{self.spec.lowering!r} (choose from {', '.join(self.kernels)})")
         fn, k = self.kernels[which]
-        stream = _stream_for(cp, x, scale, out)
+        stream = stream_for(cp, x, scale, out)
         xa = as_device(cp, x, "x", np.float16, (s.m, s.k))
         sa = as_device(cp, scale, "scale", np.float16, (s.k // g, s.n))
         y = self.out if out is None else as_device(cp, out, "out", np.float16, (s.m, s.n))
         args = (xa, packed_w, sa, y, self.partials, self.counters)
         with stream:
             fn(tuple(k["grid"]), (k["block"],), args, shared_mem=k["shared_bytes"])
-        return _result(x, y, out)
+        return result_for(x, y, out)

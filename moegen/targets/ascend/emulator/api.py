@@ -27,7 +27,7 @@ import copy
 import numpy as np
 
 from .memory import BLOCK, CACHE_LINE, CONTEXT, EmulationError
-from .scalars import DTYPES, conv, element, f32
+from .scalars import DTYPES, conv, element
 
 SYS_WORKSPACE = 16 * 1024          # what GetUserWorkspace skips (the library's part)
 EVENT_IDS = 8                      # event ids per HardEvent type

@@ -1,0 +1,117 @@
+"""A Hugging Face MoE model end to end on moegen's kernels (needs a CUDA GPU, CuPy, PyTorch,
+transformers, safetensors and ml_dtypes):
+
+1. build a small Qwen3-MoE or Mixtral with transformers (random init from a config, the real
+   architecture code) and save it;
+2. quantize its routed experts with moegen into a real checkpoint format (AWQ, GPTQ with
+   act-order, or compressed-tensors pack-quantized) and save that;
+3. load the quantized checkpoint back twice: as transformers runs it with the dequantized
+   expert weights (the reference), and with every MoE layer's experts on moegen's kernels
+   (moegen.torch.replace_experts);
+4. greedy-generate from the same prompts with both and compare: the tokens must be identical
+   and every step's logits within 2e-2 (relative, L2 over the batch).
+
+The models run in float32 and the moegen experts in the checkpoint's activation type (bf16 or
+fp16), so the comparison sees the kernels' own rounding and nothing else.
+
+    python examples/hf_end_to_end.py --family qwen3_moe --format awq --dtype bfloat16
+    python examples/hf_end_to_end.py --family mixtral --format gptq --dtype float16
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import moegen.torch
+from moegen.checkpoint import read_moe_layer
+from moegen.checkpoint_write import quantize_checkpoint
+from moegen.quant import dequantize
+
+FORMATS = {"awq": dict(fmt="awq"), "gptq": dict(fmt="gptq", act_order=True),
+           "compressed-tensors": dict(fmt="compressed-tensors", symmetric=False)}
+
+
+def small_model(family: str, dtype: str, seed: int):
+    """A 2-layer model of the family, random init (seeded), in float32."""
+    import transformers
+    torch.manual_seed(seed)
+    common = dict(vocab_size=2048, hidden_size=1024, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                  max_position_embeddings=512, num_experts_per_tok=2, dtype=dtype)
+    if family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(intermediate_size=2048, moe_intermediate_size=512,
+                                             num_experts=16, norm_topk_prob=True, **common)
+        return transformers.Qwen3MoeForCausalLM(config).float()
+    config = transformers.MixtralConfig(intermediate_size=768, num_local_experts=8, **common)
+    return transformers.MixtralForCausalLM(config).float()
+
+
+def dequantized_experts(model, checkpoint: Path) -> None:
+    """The reference: each MoE layer's expert weights set to the checkpoint's dequantized
+    int4 weights (what the quantized model computes), in transformers' own experts."""
+    for i, block in moegen.torch.moe_blocks(model):
+        layer = read_moe_layer(checkpoint, i)
+        g = layer.spec.quant.group_size
+        experts = block.experts
+        with torch.no_grad():      # transformers: gate_up_proj [E, 2I, H], down_proj [E, H, I]
+            experts.gate_up_proj.copy_(torch.from_numpy(dequantize(layer.w13, g)).transpose(1, 2))
+            experts.down_proj.copy_(torch.from_numpy(dequantize(layer.w2, g)).transpose(1, 2))
+
+
+def run(family: str, fmt: str, dtype: str, steps: int = 32, seed: int = 0,
+        folder: Path | None = None, log=print) -> dict:
+    """The whole check; returns {"same_tokens", "max_logit_error", ...}."""
+    import transformers
+    folder = Path(folder or tempfile.mkdtemp(prefix="moegen-e2e-"))
+    model = small_model(family, dtype, seed)
+    model.to(getattr(torch, dtype)).save_pretrained(folder / "model")
+    quantized = quantize_checkpoint(folder / "model", folder / f"model-{fmt}", group_size=128,
+                                    **FORMATS[fmt])
+    log(f"{family}: wrote {quantized} ({fmt}); activations {dtype}")
+    auto = transformers.AutoModelForCausalLM
+    reference = auto.from_pretrained(folder / "model", dtype=torch.float32).cuda().eval()
+    dequantized_experts(reference, quantized)
+    ours = auto.from_pretrained(folder / "model", dtype=torch.float32).cuda().eval()
+    replaced = moegen.torch.replace_experts(ours, quantized, tokens_max=1024)
+    log(f"{family}: {replaced} MoE layers on moegen's kernels: "
+        f"{ours.model.layers[0].mlp.experts}")
+    prompts = torch.randint(0, model.config.vocab_size, (4, 24),
+                            generator=torch.Generator().manual_seed(seed)).cuda()
+    kw = dict(max_new_tokens=steps, do_sample=False, return_dict_in_generate=True,
+              output_logits=True, pad_token_id=0)
+    with torch.no_grad():
+        want = reference.generate(prompts, **kw)
+        got = ours.generate(prompts, **kw)
+    same = torch.equal(want.sequences, got.sequences)
+    errors = [float((a - b).norm() / a.norm()) for a, b in zip(want.logits, got.logits)]
+    result = {"family": family, "format": fmt, "dtype": dtype, "same_tokens": same,
+              "steps": len(errors), "max_logit_error": max(errors),
+              "ok": same and len(errors) == steps and max(errors) <= 2e-2}
+    log(f"{family} {fmt} {dtype}: {steps} greedy tokens "
+        f"{'identical' if same else 'DIFFER'}; logits' largest relative error "
+        f"{max(errors):.2e} (limit 2e-2): {'ok' if result['ok'] else 'FAILED'}")
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=["qwen3_moe", "mixtral"], default="qwen3_moe")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="awq")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dir", type=Path, help="where to write the checkpoints (default: a "
+                                                 "temporary folder)")
+    args = parser.parse_args(argv)
+    np.random.seed(args.seed)
+    result = run(args.family, args.format, args.dtype, args.steps, args.seed, args.dir)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
