@@ -1,6 +1,5 @@
 """moegen: a small MLIR-style code generator for W4A16 MoE and MSD matmul kernels."""
-__version__ = "0.1.0"
-
+from .version import __version__
 from .build import build
 from .checkpoint import CheckpointError, load_moe_layer, read_moe_layer
 from .spec import Spec, SpecError, load_spec

@@ -7,11 +7,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .ir import DimError, ParseError, VerifyError, parse
 from .passes.manager import Context, PassManager, PipelineError
 from .passes.pipelines import default_target, lower
-from .passes.schedule import ScheduleError
+from .schedule_model import ScheduleError
 from .quant import QuantFormatError
 from .spec import CUDA_ARCHS, SpecError, load_spec
 
@@ -135,7 +135,7 @@ def _run_tuning(args):
     """`--tuning-db PATH`: that database (measured on this GPU); else the runtime's default."""
     if not args.tuning_db:
         return "auto"
-    from .autotune import tuning_for
+    from .tuning import tuning_for
     path = Path(args.tuning_db)
     if not path.exists():
         raise UsageError(f"--tuning-db {args.tuning_db}: no such file")
@@ -236,7 +236,7 @@ def _compile_tuning(args):
         return None
     if args.tuning_db and not Path(args.tuning_db).exists():
         raise UsageError(f"--tuning-db {args.tuning_db}: no such file")
-    from .autotune import tuning_for
+    from .tuning import tuning_for
     return tuning_for(args.tuning_db, device=None)
 
 
@@ -254,7 +254,8 @@ def cmd_compile(args) -> int:
 
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
-    from .autotune import TuningDB, autotune_moe, autotune_msd, results_table, sweep_listing
+    from .autotune import autotune_moe, autotune_msd, results_table, sweep_listing
+    from .tuning import TuningDB
     tokens_text = _moe_tokens(spec, args)
     if args.list:
         print(sweep_listing(spec, _token_list(tokens_text), args.arch))

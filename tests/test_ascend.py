@@ -12,7 +12,8 @@ import pytest
 import moegen
 from moegen import reference as R
 from moegen.passes.ascend_tiling import msd_tiling
-from moegen.passes.schedule import FLAGS, Schedule, derive_slots, generate, loop_stages
+from moegen.passes.schedule import derive_slots, generate, loop_stages
+from moegen.schedule_model import FLAGS, Schedule
 from moegen.sim.engine import Machine, simulate
 from moegen.targets.ascend.readback import read_controller
 from moegen.targets.compile import emit

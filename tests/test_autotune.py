@@ -9,54 +9,55 @@ import pytest
 
 import moegen
 from moegen import autotune as at
+from moegen import tuning as tdb
 from moegen.passes.pipelines import lower
 from moegen.targets.compile import emit
 from moegen.targets.cuda.emitter import emit_moe
 from conftest import ROOT
 
 QWEN = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
-H200 = at.Device("NVIDIA H200", "nvrtc 13.0")
+H200 = tdb.Device("NVIDIA H200", "nvrtc 13.0")
 RESULTS = [{"tokens": t, "config": {"moe_block": b, "split_k": s}, "time_us": 1.0,
             "default_us": 2.0, "checked": True}
            for t, b, s in ((1, 16, 2), (16, 8, 1), (64, 16, 1), (256, 32, 1), (2048, 64, 1))]
 
 
 def test_round_trip(tmp_path):
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     key = db.record(QWEN, H200, RESULTS)
-    again = at.TuningDB(tmp_path / "t.json")
+    again = tdb.TuningDB(tmp_path / "t.json")
     assert again.entry(QWEN, H200)["results"] == RESULTS
     assert key in json.loads((tmp_path / "t.json").read_text())["entries"]
 
 
 def test_key_is_stable_across_processes_and_tracks_what_matters():
-    code = ("import moegen; from moegen import autotune as at; "
-            "print(at.entry_key(moegen.load_spec('examples/qwen3-30b-a3b.yaml'), "
-            "at.Device('NVIDIA H200', 'nvrtc 13.0')))")
+    code = ("import moegen; from moegen import tuning as tdb; "
+            "print(tdb.entry_key(moegen.load_spec('examples/qwen3-30b-a3b.yaml'), "
+            "tdb.Device('NVIDIA H200', 'nvrtc 13.0')))")
     keys = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip() for _ in range(2)}
-    assert keys == {at.entry_key(QWEN, H200)}
-    other_gpu = at.entry_key(QWEN, at.Device("NVIDIA H100", "nvrtc 13.0"))
-    other_cuda = at.entry_key(QWEN, at.Device("NVIDIA H200", "nvrtc 12.8"))
-    other_spec = at.entry_key(moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml"), H200)
-    assert len({at.entry_key(QWEN, H200), other_gpu, other_cuda, other_spec}) == 4
+    assert keys == {tdb.entry_key(QWEN, H200)}
+    other_gpu = tdb.entry_key(QWEN, tdb.Device("NVIDIA H100", "nvrtc 13.0"))
+    other_cuda = tdb.entry_key(QWEN, tdb.Device("NVIDIA H200", "nvrtc 12.8"))
+    other_spec = tdb.entry_key(moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml"), H200)
+    assert len({tdb.entry_key(QWEN, H200), other_gpu, other_cuda, other_spec}) == 4
 
 
 def test_key_tracks_the_kernel_templates(monkeypatch):
-    before = at.entry_key(QWEN, H200)
-    monkeypatch.setattr(at, "kernel_sources", lambda: "another grouped_gemm")
-    assert at.entry_key(QWEN, H200) != before
+    before = tdb.entry_key(QWEN, H200)
+    monkeypatch.setattr(tdb, "kernel_sources", lambda: "another grouped_gemm")
+    assert tdb.entry_key(QWEN, H200) != before
 
 
 def test_atomic_write_survives_a_crash(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
-    db = at.TuningDB(path)
+    db = tdb.TuningDB(path)
     db.record(QWEN, H200, RESULTS)
     before = path.read_text()
 
     def crash(*a, **k):
         raise KeyboardInterrupt("killed while writing")
-    monkeypatch.setattr(at.os, "replace", crash)
+    monkeypatch.setattr(tdb.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         db.record(QWEN, H200, RESULTS[:1])
     assert path.read_text() == before                       # the old database is whole
@@ -65,7 +66,7 @@ def test_atomic_write_survives_a_crash(tmp_path, monkeypatch):
 
 def test_stale_entries_are_ignored_with_one_warning(tmp_path):
     path = tmp_path / "t.json"
-    db = at.TuningDB(path)
+    db = tdb.TuningDB(path)
     db.record(QWEN, H200, RESULTS)
     data = json.loads(path.read_text())
     (key, entry), = data["entries"].items()
@@ -73,7 +74,7 @@ def test_stale_entries_are_ignored_with_one_warning(tmp_path):
     data["entries"] = {"0" * 24: entry}
     path.write_text(json.dumps(data))
     warnings = []
-    stale = at.TuningDB(path, warn=warnings.append)
+    stale = tdb.TuningDB(path, warn=warnings.append)
     assert stale.lookup(QWEN, H200) is None and stale.lookup(QWEN, H200) is None
     assert len(warnings) == 1 and "no longer matches" in warnings[0] and "0.0.1" in warnings[0]
 
@@ -104,13 +105,13 @@ def test_config_space_is_pruned():
 
 
 def test_bucket_edges_pick_the_nearest_measured_count(tmp_path):
-    assert at.bucket_edges([1, 16, 64, 256, 2048], 8192) == [4, 32, 128, 724, 8192]
+    assert tdb.bucket_edges([1, 16, 64, 256, 2048], 8192) == [4, 32, 128, 724, 8192]
     # where the plans give T = 1 a bucket of its own, a measured T = 1 keeps it
-    assert at.bucket_edges([1, 16, 64], 8192, single_token=True) == [1, 32, 8192]
-    assert at.bucket_edges([2, 16], 8192, single_token=True) == [5, 8192]
+    assert tdb.bucket_edges([1, 16, 64], 8192, single_token=True) == [1, 32, 8192]
+    assert tdb.bucket_edges([2, 16], 8192, single_token=True) == [5, 8192]
     # T = 1 measured alone still serves T = 1 alone; its config serves the rest too
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     db.record(mixtral, H200, [{"tokens": 1, "config": {"moe_block": 8, "split_k": 4},
                                "time_us": 1.0, "default_us": 1.0, "checked": True}])
     assert [b[:3] for b in db.lookup(mixtral, H200)["buckets"]] == [[1, 8, 4], [8192, 8, 4]]
@@ -120,13 +121,13 @@ def test_bucket_edges_pick_the_nearest_measured_count(tmp_path):
 
 def test_compile_uses_the_tuned_config(tmp_path):
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(QWEN, H200, RESULTS)
-    tuning = at.Tuning(at.TuningDB(path), H200)
+    tdb.TuningDB(path).record(QWEN, H200, RESULTS)
+    tuning = tdb.Tuning(tdb.TuningDB(path), H200)
     module, _, _ = lower(QWEN, "cuda", tuning=tuning)
     text = str(module)
     assert "block_buckets = [[4, 16], [32, 8], [128, 16], [724, 32], [8192, 64]]" in text
     assert "split_k = [2, 1, 1, 1, 1]" in text
-    files = emit(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), None))   # no GPU: any entry
+    files = emit(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), None))   # no GPU: any entry
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     assert plan["buckets"] == [[4, 16], [32, 8], [128, 16], [724, 32], [8192, 64]]
     assert "moe_gemm_gate_up_b16_s2" in files["qwen3-30b-a3b.cu"]
@@ -144,8 +145,8 @@ def test_compile_uses_the_tuned_config(tmp_path):
 def test_tuned_ring_depth_reaches_the_kernels(tmp_path):
     path = tmp_path / "t.json"
     staged = [dict(r, config={**r["config"], "stages": 2}) for r in RESULTS]
-    at.TuningDB(path).record(QWEN, H200, staged)
-    text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    tdb.TuningDB(path).record(QWEN, H200, staged)
+    text = str(lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0])
     assert "stages = [2, 2, 2, 2, 2]" in text
     default = str(lower(QWEN, "cuda")[0])
     assert "stages = [8, 8, 8, 4, 4]" in default and "col_tiles = [1, 1, 1, 4, 4]" in default
@@ -163,9 +164,9 @@ def test_tuned_warpgroup_mma_flag(tmp_path):
     for flag, want in ((1, "true"), (0, "false"), (None, "false")):
         path = tmp_path / f"t{flag}.json"
         config = wide if flag is None else {**wide, "wgmma": flag}
-        at.TuningDB(path).record(QWEN, H200, [{"tokens": 2048, "config": config, "time_us": 600.0,
+        tdb.TuningDB(path).record(QWEN, H200, [{"tokens": 2048, "config": config, "time_us": 600.0,
                                                   "default_us": 600.0, "checked": True}])
-        text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+        text = str(lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0])
         assert f"col_tiles = [4], warp_rows = [32], wgmma = [{want}]" in text, flag
     assert "wgmma = [false, false, false, true, true]" in str(lower(QWEN, "cuda")[0])
     assert at.default_config(QWEN, 2048).wgmma == 1
@@ -178,8 +179,8 @@ def test_tuned_warpgroup_mma_flag(tmp_path):
 def test_tuned_split_per_gemm(tmp_path):
     path = tmp_path / "t.json"
     per_gemm = [dict(r, config={**r["config"], "split_k": 1, "split_k_down": 4}) for r in RESULTS]
-    at.TuningDB(path).record(QWEN, H200, per_gemm)
-    module = lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    tdb.TuningDB(path).record(QWEN, H200, per_gemm)
+    module = lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0]
     splits = {op.attr("mul_topk_weights"): op.attrs["tile"]["split_k"]
               for op in module.function().ops if op.NAME == "moe.grouped_gemm_w4a16"}
     assert splits == {False: [1] * 5, True: [4] * 5}
@@ -236,8 +237,8 @@ def test_a_kept_tall_default_is_the_tall_tile_again(tmp_path, name):
                 "default_us": 1.0, "checked": True} for t in (64, 4096)]
     assert results[1]["config"]["moe_block"] == 128
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(spec, H200, results)
-    module = lower(spec, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    tdb.TuningDB(path).record(spec, H200, results)
+    module = lower(spec, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0]
     for op in module.function().ops:
         if op.NAME == "moe.grouped_gemm_w4a16":
             tile = op.attrs["tile"]
@@ -258,7 +259,7 @@ def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
     spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
     tokens = (1, 16, 53, 64, 256, 2048)
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(spec, H200, [
+    tdb.TuningDB(path).record(spec, H200, [
         {"tokens": t, "config": at.default_config(spec, t).as_dict(), "time_us": 1.0,
          "default_us": 1.0, "checked": True} for t in tokens])
 
@@ -272,7 +273,7 @@ def test_recorded_defaults_build_the_default_kernels(tmp_path, name):
                                      "follows_from", "release_after_loop"))}
                 for g in plan["gemms"] for t in tokens
                 for v in [next(v for v in g["variants"] if t <= v["max_tokens"])]}
-    assert serving(at.Tuning(at.TuningDB(path), H200)) == serving(None)
+    assert serving(tdb.Tuning(tdb.TuningDB(path), H200)) == serving(None)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
@@ -291,10 +292,10 @@ def test_a_recorded_candidate_builds_what_was_measured(tmp_path, arch):
     for t in (1, 53, 200, 2048):
         for i, cfg in enumerate(at.config_space(spec, t, arch)):
             path = tmp_path / f"{t}-{i}.json"
-            at.TuningDB(path).record(spec, H200, [{"tokens": t, "config": cfg.as_dict(),
+            tdb.TuningDB(path).record(spec, H200, [{"tokens": t, "config": cfg.as_dict(),
                                                    "time_us": 1.0, "default_us": 1.0,
                                                    "checked": True}])
-            recorded = serving(t, None, at.Tuning(at.TuningDB(path), H200))
+            recorded = serving(t, None, tdb.Tuning(tdb.TuningDB(path), H200))
             assert recorded == serving(t, cfg.pipeline(), None), (t, cfg)
             checked += 1
     assert checked > 100
@@ -333,10 +334,10 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
     assert at.same_tile(dataclasses.replace(tall3, stages=2), tall3)
     assert at.same_tile(dataclasses.replace(tall3, stages=8), at.config_space(mixtral, 2048)[0])
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(mixtral, H200, [
+    tdb.TuningDB(path).record(mixtral, H200, [
         {"tokens": t, "config": c.as_dict(), "time_us": 1.0, "default_us": 1.0, "checked": True}
         for t, c in ((64, at.default_config(mixtral, 64)), (2048, tall3))])
-    module = lower(mixtral, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]
+    module = lower(mixtral, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0]
     tiles = [op.attrs["tile"] for op in module.function().ops
              if op.NAME == "moe.grouped_gemm_w4a16"]
     assert all((t["tall"][-1], t["stages"][-1]) == (True, 3) for t in tiles)
@@ -387,8 +388,8 @@ def test_tuned_k_per_stage_and_warps_per_bucket(tmp_path):
     path = tmp_path / "t.json"
     mixed = [dict(r, config={**r["config"], "block_k": 32 if r["tokens"] == 1 else 16,
                              "warps": 2 if r["tokens"] == 2048 else 4}) for r in RESULTS]
-    at.TuningDB(path).record(QWEN, H200, mixed)
-    tuning = at.Tuning(at.TuningDB(path), H200)
+    tdb.TuningDB(path).record(QWEN, H200, mixed)
+    tuning = tdb.Tuning(tdb.TuningDB(path), H200)
     module, _, pm = lower(QWEN, "cuda", tuning=tuning)
     assert "block_k = [32, 16, 16, 16, 16], warps = [4, 4, 4, 4, 2]" in str(module)
     program = emit_moe(QWEN, module, pm.pipeline, "sm_90")
@@ -398,8 +399,8 @@ def test_tuned_k_per_stage_and_warps_per_bucket(tmp_path):
     # an entry written before these two keys existed keeps the defaults
     old = [dict(r, config={k: v for k, v in r["config"].items() if k not in ("block_k", "warps")})
            for r in mixed]
-    at.TuningDB(path).record(QWEN, H200, old)
-    text = str(lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    tdb.TuningDB(path).record(QWEN, H200, old)
+    text = str(lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0])
     assert "block_k = [16, 16, 16, 16, 16], warps = [4, 4, 4, 4, 4]" in text
 
 
@@ -460,8 +461,8 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
                                         "split_k": 2},
                 "time_us": 50.0, "default_us": 60.0, "checked": True}]
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(MSD, H200, results)
-    tuning = at.Tuning(at.TuningDB(path), H200)
+    tdb.TuningDB(path).record(MSD, H200, results)
+    tuning = tdb.Tuning(tdb.TuningDB(path), H200)
     text = str(lower(MSD, "cuda", tuning=tuning)[0])
     # an entry recorded before stages and occupancy were: the 4 stages, no register cap it had
     assert ('tile = {block_n = 64, w_stages = 4, x_stages = 4, mma = "s4", vec_warps = 4, '
@@ -470,8 +471,8 @@ def test_msd_config_space_and_tuned_tile(tmp_path):
     # the tile pass bounds the occupancy by the candidate's threads (160: 5 CTAs an SM)
     assert {(c.stages, c.occupancy) for c in space if c.lowering == "msd"} == {(3, 6)}
     results[1]["config"].update(stages=3, occupancy=6)
-    at.TuningDB(path).record(MSD, H200, results)
-    text = str(lower(MSD, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0])
+    tdb.TuningDB(path).record(MSD, H200, results)
+    text = str(lower(MSD, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0])
     assert ('tile = {block_n = 64, w_stages = 3, x_stages = 4, mma = "s4", vec_warps = 4, '
             'cube_warps = 1, split_k = 2, occupancy = 5}') in text
     import dataclasses
@@ -504,10 +505,10 @@ def test_msd_candidates_build_and_their_entries_build_them_again(tmp_path, m):
         module, _, pm = lower(lowered, "cuda", cfg.pipeline(), tuning=None)
         timed = emit_msd(lowered, module, pm.pipeline).plan
         path = tmp_path / f"{i}.json"
-        at.TuningDB(path).record(lowered, H200, [{"tokens": m, "time_us": 1.0, "default_us": 1.0,
+        tdb.TuningDB(path).record(lowered, H200, [{"tokens": m, "time_us": 1.0, "default_us": 1.0,
                                                   "config": cfg.as_dict(spec.schedule),
                                                   "checked": True}])
-        module, _, pm = lower(lowered, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))
+        module, _, pm = lower(lowered, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))
         recorded = emit_msd(lowered, module, pm.pipeline).plan
         assert {k: v for k, v in recorded.items() if k != "passes"} == {
             k: v for k, v in timed.items() if k != "passes"}, cfg
@@ -520,30 +521,30 @@ def test_msd_default_config_records_the_default_tile(tmp_path):
         assert cfg["lowering"] == spec.lowering
         untuned = str(lower(spec, "cuda", tuning=None)[0])
         path = tmp_path / f"{spec.lowering}.json"
-        at.TuningDB(path).record(spec, H200, [{"tokens": spec.msd.m, "config": cfg,
+        tdb.TuningDB(path).record(spec, H200, [{"tokens": spec.msd.m, "config": cfg,
                                                "time_us": 40.0, "default_us": 40.0,
                                                "checked": True}])
-        assert str(lower(spec, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))[0]) == untuned
+        assert str(lower(spec, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))[0]) == untuned
     assert at.msd_default_config(MSD)["schedule"] == MSD.schedule
 
 
 def test_hand_edited_bad_split_fails_clearly(tmp_path):
     path = tmp_path / "t.json"
     bad = [dict(r, config={"moe_block": 8, "split_k": 7}) for r in RESULTS[:1]]
-    at.TuningDB(path).record(QWEN, H200, bad)
+    tdb.TuningDB(path).record(QWEN, H200, bad)
     with pytest.raises(moegen.passes.manager.PipelineError, match="split-k 7 does not divide"):
-        lower(QWEN, "cuda", tuning=at.Tuning(at.TuningDB(path), H200))
+        lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))
 
 
 @pytest.mark.gpu
 def test_short_autotune_on_the_gpu(tmp_path):
     pytest.importorskip("cupy")
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
     results = at.autotune_moe(spec, [1, 33], db, budget_s=60, reps=3)
     assert results and all(r["checked"] for r in results)
-    layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
-                                                        at.Device.current()))
+    layer = moegen.cuda.MoeW4A16(spec, tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"),
+                                                        tdb.Device.current()))
     assert [b for _, b in layer.plan["buckets"]] == [r["config"]["moe_block"] for r in results]
     variants = layer.plan["gemms"][0]["variants"]
     assert [(16 * v["ks"], v["warps"]) for v in variants] == [
@@ -559,7 +560,7 @@ def test_short_prefill_autotune_on_the_gpu(tmp_path):
     the sweep starts with the wide CTA (the default); whichever config wins, its whole tile
     (block, column tiles, rows per warp, k per stage) reaches the plan."""
     pytest.importorskip("cupy")
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec({"name": "prefill-small", "pipeline": "moe_w4a16",
                              "moe": {"hidden_size": 256, "intermediate_size": 256,
                                      "num_experts": 8, "top_k": 2},
@@ -567,8 +568,8 @@ def test_short_prefill_autotune_on_the_gpu(tmp_path):
     assert at.config_space(spec, 150, "sm_90a")[0].col_tiles == 4
     (r,) = at.autotune_moe(spec, [150], db, budget_s=60, reps=3)
     assert r["checked"]
-    layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
-                                                        at.Device.current()))
+    layer = moegen.cuda.MoeW4A16(spec, tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"),
+                                                        tdb.Device.current()))
     (v,) = layer.plan["gemms"][0]["variants"]          # one measured count: one bucket
     c = r["config"]
     assert (v["block"], v["col_tiles"], 16 * v["ks"]) == (c["moe_block"], c["col_tiles"],
@@ -586,7 +587,7 @@ def test_short_tall_autotune_on_the_gpu(tmp_path):
     from moegen.targets.cuda.runtime import device_arch
     if device_arch() != "sm_90a":
         pytest.skip("the tall tile is swept where the GPU has warpgroup MMA (sm_90a)")
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec({"name": "tall-small", "pipeline": "moe_w4a16",
                              "moe": {"hidden_size": 256, "intermediate_size": 256,
                                      "num_experts": 8, "top_k": 2},
@@ -597,8 +598,8 @@ def test_short_tall_autotune_on_the_gpu(tmp_path):
     (r,) = at.autotune_moe(spec, [256], db, budget_s=60, reps=3, log=lines.append)
     assert r["checked"]
     assert not [line for line in lines if "moe_block=128" in line and "infinite" in line], lines
-    layer = moegen.cuda.MoeW4A16(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
-                                                        at.Device.current()))
+    layer = moegen.cuda.MoeW4A16(spec, tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"),
+                                                        tdb.Device.current()))
     (v,) = layer.plan["gemms"][0]["variants"]
     c = r["config"]
     assert (v["block"], v["tall"]) == (c["moe_block"], c["moe_block"] == 128)
@@ -609,14 +610,14 @@ def test_short_tall_autotune_on_the_gpu(tmp_path):
 @pytest.mark.gpu
 def test_short_msd_autotune_on_the_gpu(tmp_path):
     pytest.importorskip("cupy")
-    db = at.TuningDB(tmp_path / "t.json")
+    db = tdb.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec({"name": "msd-small", "pipeline": "msd_matmul",
                              "msd": {"m": 2, "n": 1000, "k": 1024}, "targets": {"cuda": {}}})
     results = at.autotune_msd(spec, db, budget_s=60, reps=3)
     assert {r["config"]["lowering"] for r in results} == {"msd", "dequant"}
     assert all(r["checked"] for r in results)
-    op = moegen.cuda.MsdMatmul(spec, tuning=at.Tuning(at.TuningDB(tmp_path / "t.json"),
-                                                      at.Device.current()))
+    op = moegen.cuda.MsdMatmul(spec, tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"),
+                                                      tdb.Device.current()))
     best = next(r["config"] for r in results if r["config"]["lowering"] == "msd")
     for key in ("split_k", "mma", "block_n", "vec_warps", "cube_warps"):   # the whole tile
         assert op.plan["tile"][key] == best[key], key

@@ -164,8 +164,14 @@ def test_bench_experts_option_is_checked_before_the_gpu():
     for spec, n, says in (("mixtral-8x7b", "1", "--experts 1: routing among the first N experts "
                            "needs top_k <= N <= num_experts (2 .. 8)"),
                           ("mixtral-8x7b", "9", "--experts 9:"),
-                          ("msd-seed", "2", "--experts: routes the tokens of a moe_w4a16 spec")):
+                          ("msd-seed", "2", "--experts: a moe_w4a16 bench option; this is an "
+                                            "msd_matmul spec")):
         assert_fails_in_one_line(("bench", f"examples/{spec}.yaml", "--experts", n), says)
+    assert_fails_in_one_line(("bench", "examples/msd-seed.yaml", "--dtype", "bfloat16"),
+                             "--dtype: a moe_w4a16 bench option; this is an msd_matmul spec "
+                             "(fp16 activations only)")
+    assert_fails_in_one_line(("bench", "examples/mixtral-8x7b.yaml", "--pack-layers", "0"),
+                             "--pack-layers 0: a layer count of at least 1, with one --dtype")
 
 
 def test_reps_budget_and_seed_are_checked_before_the_gpu():
@@ -283,10 +289,10 @@ def test_inspect_and_compile_plan_with_a_tuning_database_when_given(tmp_path):
     a --tuning-db that does not exist fails in one line (compile too), where it once planned the
     defaults without a word."""
     import moegen
-    from moegen import autotune as at
+    from moegen import tuning as tdb
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     path = tmp_path / "t.json"
-    at.TuningDB(path).record(spec, at.Device("NVIDIA H200", "nvrtc 13.0"), [
+    tdb.TuningDB(path).record(spec, tdb.Device("NVIDIA H200", "nvrtc 13.0"), [
         {"tokens": t, "config": {"moe_block": b, "split_k": s}, "time_us": 1.0,
          "default_us": 2.0, "checked": True} for t, b, s in ((1, 16, 2), (256, 32, 1))])
     proc = run_moegen("inspect", "examples/qwen3-30b-a3b.yaml", "--launches", "--tuning-db",

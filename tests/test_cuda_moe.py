@@ -110,10 +110,11 @@ def test_seed_worked_example(rng):
     layer.out.fill(POISON)
     y = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
     ws = layer.plan["workspace"]["buffers"]
-    sorted_ids = cp.asnumpy(layer._view(cp, "sorted_token_ids", cp.int32, 12))
-    expert_ids = cp.asnumpy(layer._view(cp, "expert_ids", cp.int32, 3))
-    wflat = cp.asnumpy(layer._view(cp, "topk_weights_flat", cp.float32, 12))
-    total = int(cp.asnumpy(layer._view(cp, "num_tokens_post_padded", cp.int32, 1))[0])
+    buf = layer.workspace
+    sorted_ids = cp.asnumpy(layer._view(cp, buf, "sorted_token_ids", cp.int32, 12))
+    expert_ids = cp.asnumpy(layer._view(cp, buf, "expert_ids", cp.int32, 3))
+    wflat = cp.asnumpy(layer._view(cp, buf, "topk_weights_flat", cp.float32, 12))
+    total = int(cp.asnumpy(layer._view(cp, buf, "num_tokens_post_padded", cp.int32, 1))[0])
     assert total == 12 and "sorted_token_ids" in ws
     assert sorted_ids.tolist() == [1, 4, 6, 6, 0, 2, 3, 6, 5, 6, 6, 6]
     assert expert_ids.tolist() == [0, 1, 2]
@@ -545,9 +546,10 @@ def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
             layer.route_align_max_tokens = most
             layer.gemm_route = layer.plan["gemm_route"]
         t = x.shape[0]
-        total = int(cp.asnumpy(layer._view(cp, "num_tokens_post_padded", cp.int32, 1))[0])
+        ws = layer.workspace
+        total = int(cp.asnumpy(layer._view(cp, ws, "num_tokens_post_padded", cp.int32, 1))[0])
         block = next(b for edge, b in layer.plan["buckets"] if t <= edge)
-        got = {name: cp.asnumpy(layer._view(cp, name, dtype, n)) for name, dtype, n in (
+        got = {name: cp.asnumpy(layer._view(cp, ws, name, dtype, n)) for name, dtype, n in (
             ("sorted_token_ids", cp.int32, total), ("topk_weights_flat", cp.float32, total),
             ("expert_ids", cp.int32, total // block))}       # (the top-k buffers are reused)
         return y, total, got

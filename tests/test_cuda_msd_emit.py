@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import moegen
-from moegen.passes.schedule import CUBE, VEC, Schedule, derive_slots, generate, loop_stages
+from moegen.passes.schedule import derive_slots, generate, loop_stages
+from moegen.schedule_model import CUBE, VEC, Schedule
 from moegen.sim.engine import Machine, simulate
 from moegen.targets.compile import emit
 from moegen.targets.cuda.msd_readback import read_kernels

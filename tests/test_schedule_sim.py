@@ -1,8 +1,8 @@
 import pytest
 
 import moegen
-from moegen.passes.schedule import (FLAGS, Action, ScheduleError, derive_slots, generate,
-                                    loop_stages, schedule_of)
+from moegen.passes.schedule import derive_slots, generate, loop_stages, schedule_of
+from moegen.schedule_model import FLAGS, Action, ScheduleError
 from moegen.passes.pipelines import lower
 from moegen.sim.engine import Machine, simulate
 from moegen.sim.timeline import Panel, ascii_gantt, svg, window

@@ -72,7 +72,7 @@ def test_torch_compile_fullgraph_and_cuda_graphs(rng):
     against the reference, then captured in a CUDA graph and replayed with new inputs: each
     replay bit for bit the compiled block's eager call."""
     spec, module, weights = experts_module(rng, "bfloat16", False)
-    gate = torch.nn.Linear(1024, 16, bias=False).cuda()
+    gate = torch.nn.Linear(1024, 16, bias=False).cuda().requires_grad_(False)
 
     def block(x):
         probs = torch.softmax(gate(x.float()), dim=-1)

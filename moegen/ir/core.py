@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
-import networkx as nx
-
 from .types import Dim, DimError, IndexType, TensorType, Type
 
 
@@ -217,13 +215,15 @@ class Function:
                     yield from rec(op.region)
         yield from rec(self.body)
 
-    def graph(self) -> nx.DiGraph:
-        """The dataflow graph of the top-level ops (derived each call, never stored).
+    def graph(self):
+        """The dataflow graph of the top-level ops as a networkx.DiGraph (derived each call,
+        never stored; networkx comes with the dev extra: nothing in moegen needs it to run).
 
         Nodes are op indices (attribute `op`); function arguments are nodes named
         ``arg:NAME``; an edge carries the value it stands for (attribute `value`). A region op's
         node also depends on values its body reads from outside.
         """
+        import networkx as nx
         g = nx.DiGraph()
         producer: dict[int, Any] = {}
         for a in self.args:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
-from .core import Block, Function, Module, Op
 from .types import Dim
+
+if TYPE_CHECKING:       # (annotations only: core prints a module through this file)
+    from .core import Block, Function, Module, Op
 
 _BARE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 

@@ -1,1 +1,4 @@
-"""Compiler passes (see manager.py for the pass manager and the default pipelines)."""
+"""Compiler passes: base.py (the Pass class and its options), manager.py (pipeline strings and
+the pass manager), pipelines.py (the default pipelines), registry.py (every pass, registered
+here on import, and their documentation)."""
+from . import registry  # noqa: F401  (defines, and so registers, every pass)

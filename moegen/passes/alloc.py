@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Module, TensorType, Value
-from .manager import Context, Option, Pass
+from .base import Context, Option, Pass
 
 VIEW_OPS = ("tensor.group_slice",)
 

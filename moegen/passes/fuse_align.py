@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..ir import Module
 from ..ir.ops.moe import AlignOp
-from .manager import Context, Pass
+from .base import Context, Pass
 
 CHAIN = ("moe.count", "moe.pad_scan", "moe.slot_lists", "moe.marlin_indices")
 

@@ -7,7 +7,7 @@ separate SwiGLU kernel.
 from __future__ import annotations
 
 from ..ir import Module, TensorType
-from .manager import Context, Pass
+from .base import Context, Pass
 
 
 class FuseSwigluPass(Pass):

@@ -10,7 +10,7 @@ fuse-align,fuse-swiglu,fuse-topk-sum,tile,alloc`).
 from __future__ import annotations
 
 from ..ir import Module
-from .manager import Context, Pass
+from .base import Context, Pass
 
 
 class FuseTopkSumPass(Pass):

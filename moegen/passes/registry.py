@@ -5,7 +5,7 @@ import sys
 import textwrap
 
 from . import alloc, fuse_align, fuse_swiglu, fuse_topk_sum, schedule, tile  # noqa: F401
-from .manager import PASSES, Option, PipelineError
+from .base import PASSES, Option, PipelineError
 from .pipelines import DEFAULT_PIPELINES
 
 

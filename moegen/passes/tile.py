@@ -115,7 +115,7 @@ from __future__ import annotations
 from ..build import MOE_BLOCK_CHOICES, TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
-from .manager import Context, Option, Pass, PipelineError
+from .base import Context, Option, Pass, PipelineError
 from .ascend_tiling import msd_tiling
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..passes.schedule import CUBE, VEC, Schedule, Step
+from ..schedule_model import CUBE, VEC, Schedule, Step
 from .cost import Costs, stage_costs
 
 

@@ -2,7 +2,7 @@
 same spec gives byte-identical output."""
 from __future__ import annotations
 
-from .. import __version__
+from ..version import __version__
 from ..spec import Spec
 
 

@@ -17,7 +17,8 @@ from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes import ascend_tiling
 from ...passes.ascend_tiling import msd_tiling
-from ...passes.schedule import CUBE, MODES, Action, Schedule, derived_schedule
+from ...passes.schedule import derived_schedule
+from ...schedule_model import CUBE, MODES, Action, Schedule
 from ...render import render
 from ...spec import Spec, SpecError
 from ..header import file_header

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ...passes.schedule import CUBE, VEC, Action, Program
+from ...schedule_model import CUBE, VEC, Action, Program
 
 _PROCESS = re.compile(r"__aicore__ inline void Process(\w+)\(\) \{")
 _GUARD = re.compile(r"if ASCEND_IS_(AIC|AIV) \{")

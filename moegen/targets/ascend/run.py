@@ -10,7 +10,7 @@ import numpy as np
 
 from ... import reference
 from ...passes.ascend_tiling import msd_tiling, workspace_bytes
-from ...passes.schedule import MODES
+from ...schedule_model import MODES
 from ...quant import pack_int4
 from ...spec import Spec
 from ..compile import emit

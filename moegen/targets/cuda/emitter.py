@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ... import __version__
+from ...version import __version__
 from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES

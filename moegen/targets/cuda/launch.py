@@ -85,18 +85,23 @@ def supported(arch: str) -> bool:
     return arch_has_pdl(arch) and _driver_entry() is not None
 
 
+NULL = np.uint64(0)   # a null pointer argument (an optional array left out), for either launch
+
+
 def kernel_argument(value):
     """One kernel argument as the ctypes value cuLaunchKernelEx copies: device arrays as their
-    pointer, numpy int32 / float32 scalars as themselves."""
+    pointer, NULL as a null pointer, numpy int32 / float32 scalars as themselves."""
     data = getattr(value, "data", None)
     if hasattr(data, "ptr"):                       # a CuPy array: its device pointer
         return ctypes.c_void_p(data.ptr)
+    if isinstance(value, np.uint64) and value == 0:
+        return ctypes.c_void_p(0)
     if isinstance(value, np.int32):
         return ctypes.c_int32(int(value))
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
-    raise TypeError(f"kernel argument: {type(value).__name__} is not a device array, "
-                    f"np.int32 or np.float32")
+    raise TypeError(f"kernel argument: {type(value).__name__} {value!r} is not a device array, "
+                    f"NULL, np.int32 or np.float32")
 
 
 def launch_after_previous(kernel, grid: tuple, block: int, args: tuple, stream,

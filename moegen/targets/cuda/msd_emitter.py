@@ -16,7 +16,8 @@ from ...ir import Module
 from ...ir.interp import merge_divisors
 from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes.pipelines import require_passes
-from ...passes.schedule import CUBE, MODES, VEC, Action, Schedule, derived_schedule
+from ...passes.schedule import derived_schedule
+from ...schedule_model import CUBE, MODES, VEC, Action, Schedule
 from ...passes.tile import (MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE, msd_barrier_bytes,
                             msd_shared_bytes)
 from ...render import render

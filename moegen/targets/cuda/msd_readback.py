@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from ...passes.schedule import CUBE, FLAGS, VEC, Action, Program
+from ...schedule_model import CUBE, FLAGS, VEC, Action, Program
 
 _KERNEL = re.compile(r"msd_matmul_(\w+)\(const half\* __restrict__ x")
 _SIGNAL = re.compile(r"\bsignal\(sh, (\w+), sent\[\1\]\+\+\)")

@@ -14,12 +14,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from ... import __version__
+from ...version import __version__
 from ...ir.types import numpy_dtype
 from ...quant import QuantizedWeight
 from ...render import render
 from ...spec import Spec
 from .device import get_cupy, is_torch
+from .launch import NULL
 from .layout import (act_order_rows, gate_up_columns, pack_group_values, pack_weights,
                      padded_columns)
 
@@ -184,7 +185,7 @@ def pack_moe_weights(spec: Spec, w13: QuantizedWeight, w2: QuantizedWeight,
             total = e * (k // 16) * ntiles * 32
             kernels["pack_weight_words"](
                 _grid(total), (PACK_THREADS,),
-                (q, rows_d if rows_d is not None else np.uint64(0), columns, np.int32(e),
+                (q, rows_d if rows_d is not None else NULL, columns, np.int32(e),
                  np.int32(k), np.int32(n), np.int32(ntiles), words))
             out[which], out[f"{which}_rows"] = words, rows_d
             group_rows = e * (k // g)

@@ -21,7 +21,7 @@ from . import workspace as shared_workspace
 from .device import (CudaUnavailable, activation_storage, as_activation, as_device, device_arch,
                      get_cupy, is_torch, result_for, stream_for)
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
-from .launch import launch_after_previous, supported as pdl_supported
+from .launch import NULL, launch_after_previous, supported as pdl_supported
 from .packing import PackedMoeWeights, pack_moe_weights
 
 __all__ = ["CudaUnavailable", "MoeW4A16", "MsdMatmul", "PackedMoeWeights", "device_arch"]
@@ -37,7 +37,7 @@ def resolve_tuning(tuning):
     """A layer's `tuning=`: "auto" is the database at its default place, if there is one."""
     if tuning != "auto":
         return tuning
-    from ...autotune import tuning_for
+    from ...tuning import tuning_for
     return tuning_for()
 
 
@@ -276,7 +276,7 @@ class MoeW4A16:
         aligned = (sorted_ids, expert_ids, wflat, total)
         # the caller's expert ids, where some may lie outside [0, E) (skipped slots):
         # the top-k sum leaves those out (null: every slot routed, as the router routes)
-        routed_ids = np.uint64(0)
+        routed_ids = NULL
         ids = None                 # the slots' expert ids in memory (act-order reads them)
         # one token with router logits: every CTA of both GEMMs routes it (no launch here)
         in_gemm = logits is not None and t == 1 and self.gemm_route
@@ -319,7 +319,7 @@ class MoeW4A16:
             summed = ((y, self._counters(cp, "sum_counters"), routed_ids)
                       if g["sum_topk"] else ())
             grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
-            args = (src, w, s, z if z is not None else np.uint64(0), sorted_ids, expert_ids,
+            args = (src, w, s, z if z is not None else NULL, sorted_ids, expert_ids,
                     total, wflat, np.int32(slots), dst, partials, counters, *summed,
                     *(one_token if in_gemm else ()))
             # routed in the GEMMs: the bucket's kernels in their routing form, gate/up the

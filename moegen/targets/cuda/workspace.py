@@ -4,10 +4,11 @@ A layer call fills the scratch it reads (routing, the GEMMs' rows, split-K parti
 layers of a model, called one after another on a stream, can share one buffer: a 48-layer model
 holds one workspace, not 48. Calls on different streams may overlap, so each stream gets its own.
 
-A layer reserves its launch plan's `workspace.bytes` when it is built: buffers of that device
-grow then (never inside a call), the old ones kept alive, since a CUDA graph captured earlier may
-still point into them. A stream's first call allocates that stream's buffer; for PyTorch
-callers through PyTorch's allocator, so that a first call inside a CUDA graph capture (as
+A layer reserves its launch plan's `workspace.bytes` when it is built. A stream's first call
+allocates that stream's buffer, and its first call after a larger layer was built replaces it
+by one of the new size (the old one kept alive, since a CUDA graph captured earlier may still
+point into it): an allocation once per stream and growth, never per call. For PyTorch callers
+the buffer comes from PyTorch's allocator, so that a first call inside a CUDA graph capture (as
 torch.cuda.graph and torch.compile's CUDA graphs make) takes it from the graph's memory pool,
 which is allowed there, where a plain device allocation is not.
 """
@@ -20,15 +21,10 @@ _HELD: dict = {}                            # the PyTorch tensors behind PyTorch
 
 
 def reserve(cp, nbytes: int) -> None:
-    """A layer of `nbytes` of workspace exists on the current device: grow its buffers now."""
+    """A layer of `nbytes` of workspace exists on the current device: its streams' buffers
+    grow to that at their next call."""
     device = cp.cuda.Device().id
-    if nbytes <= _NEED.get(device, 0):
-        return
-    _NEED[device] = nbytes
-    for key, buf in list(_BUFFERS.items()):
-        if key[0] == device and buf.nbytes < nbytes:
-            _RETIRED.append((buf, _HELD.pop(key, None)))
-            _BUFFERS[key] = cp.empty(nbytes, dtype=cp.uint8)
+    _NEED[device] = max(_NEED.get(device, 0), nbytes)
 
 
 def scratch(cp, stream, torch_caller: bool = False) -> object:
@@ -37,8 +33,11 @@ def scratch(cp, stream, torch_caller: bool = False) -> object:
     device = cp.cuda.Device().id
     key = (device, int(stream.ptr))
     buf = _BUFFERS.get(key)
+    nbytes = max(_NEED.get(device, 0), 1)
+    if buf is not None and buf.nbytes < nbytes:
+        _RETIRED.append((buf, _HELD.pop(key, None)))
+        buf = None
     if buf is None:
-        nbytes = max(_NEED.get(device, 0), 1)
         if torch_caller:
             import torch
             held = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
@@ -48,6 +47,11 @@ def scratch(cp, stream, torch_caller: bool = False) -> object:
             buf = cp.empty(nbytes, dtype=cp.uint8)
         _BUFFERS[key] = buf
     return buf
+
+
+def reserved_bytes(device: int) -> int:
+    """The largest workspace a layer built on `device` needs: each stream's buffer's size."""
+    return _NEED.get(device, 0)
 
 
 def held_bytes() -> int:
