@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from .build import MOE_BLOCK_CHOICES
 from .spec import Spec, load_spec
+from .target import GpuTarget, gpu_target
 from .tuning import Device, TuningDB
 
 # --- the config space ------------------------------------------------------------------------
@@ -78,8 +79,8 @@ def tall_configs(spec: Spec, tokens: int, arch: str | None) -> list[MoeConfig]:
     """The tall tile's candidates at a prefill token count, where the plan's arch has warpgroup
     MMA and both GEMMs' columns fill its CTAs (elsewhere its kernel is a slower wide CTA)."""
     from .build import TALL_BLOCK
-    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, TALL_TILE, WGMMA_ARCHS,
-                              tall_block_k, tall_fits)
+    from .passes.tiling.cta import GEMM_TILE, TALL_TILE, WGMMA_ARCHS, tall_block_k, tall_fits
+    from .passes.tiling.moe_buckets import DECODE_MAX_TOKENS
     m = spec.moe
     if (tokens <= DECODE_MAX_TOKENS or (arch or spec.cuda_arch) not in WGMMA_ARCHS
             or not (tall_fits(2 * m.intermediate_size) and tall_fits(m.hidden_size))
@@ -90,22 +91,25 @@ def tall_configs(spec: Spec, tokens: int, arch: str | None) -> list[MoeConfig]:
             for d in TALL_STAGE_CHOICES]
 
 
-def wide_split_configs(spec: Spec, tokens: int) -> list[MoeConfig]:
+def wide_split_configs(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeConfig]:
     """The wide CTA's default tile split over K at a prefill token count, where a call of
     `tokens` evenly routed tokens leaves the SMs short of a GEMM's CTAs: splits of 2, 4 and 8
     while half the split's CTAs stay under those the SMs hold at the split CTA's register cap,
     over whole groups of K and (as a recorded entry is checked) the K-split CTA's warps; every
     pair of the two GEMMs' splits but the unsplit one."""
-    from .passes.tile import (GEMM_TILE, PREFILL_BLOCK, WIDE_TILE, fit_warps, splits_evenly,
-                              wide_call_ctas, wide_epilogue_fits)
+    from .passes.tiling.cta import GEMM_TILE, WIDE_TILE, splits_evenly, wide_epilogue_fits
+    from .passes.tiling.moe_buckets import PREFILL_BLOCK, wide_call_ctas
+    from .passes.tiling.msd import fit_warps
     m, g = spec.moe, spec.quant.group_size
+    gpu = gpu_target(arch or spec.cuda_arch)
     cols, block_k, rows, wg = WIDE_CHOICES[0]
     block = PREFILL_BLOCK
     if g % block_k or not wide_epilogue_fits(cols, block) or m.block_size not in (None, block):
         return []
 
     def splits(k: int, n: int) -> list[int]:
-        ctas, room = wide_call_ctas(spec, tokens, block, n // GEMM_TILE["block_n"], cols, rows)
+        ctas, room = wide_call_ctas(spec, gpu, tokens, block, n // GEMM_TILE["block_n"], cols,
+                                    rows)
         return [1] + [s for s in (2, 4, 8) if ctas * s // 2 < room and (k // g) % s == 0
                       and splits_evenly(k, s, fit_warps(k, GEMM_TILE["warps"]), block_k)]
     return [MoeConfig(block, up, WIDE_TILE["stages"], down, block_k, GEMM_TILE["warps"], cols,
@@ -125,8 +129,10 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
     the spec's where None; its block of 128 under the same bound), whichever the tile pass picks
     at `tokens` first."""
     from .build import TALL_BLOCK
-    from .passes.tile import (DECODE_MAX_TOKENS, GEMM_TILE, PREFILL_BLOCK, WIDE_BLOCKS, fit_warps,
-                              gemm_stages, splits_evenly, tall_edge, wide_epilogue_fits)
+    from .passes.tiling.cta import (GEMM_TILE, WIDE_BLOCKS, gemm_stages, splits_evenly,
+                                    wide_epilogue_fits)
+    from .passes.tiling.moe_buckets import DECODE_MAX_TOKENS, PREFILL_BLOCK, tall_edge
+    from .passes.tiling.msd import fit_warps
     m = spec.moe
     # a block far larger than an average routed expert's slots only pads: at most twice the
     # power of two that holds them (so T = 1 tries block 8 only)
@@ -144,7 +150,7 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
                 if spec.quant.group_size % block_k == 0 and rows <= b
                 and wide_epilogue_fits(cols, b)]
         if PREFILL_BLOCK in blocks:
-            out += wide_split_configs(spec, tokens)
+            out += wide_split_configs(spec, tokens, arch)
         tall = tall_configs(spec, tokens, arch) if TALL_BLOCK <= useful else []
         edge = tall_edge(spec)
         out = tall + out if edge is not None and tokens >= edge else out + tall
@@ -204,8 +210,10 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
     the rows' ring stages, or 2 where those do not fit, and left out where 2 do not either;
     dequant: split-K over k16 steps of its warps, where its shape rule allows the lowering.
     Ordered so that a short budget covers the default layout and the dequant lowering."""
-    from .passes.tile import (MSD_CUDA_TILE, SHARED_OPT_IN, fit_warps, msd_cube_warps,
-                              msd_layout_bytes, msd_warp_layout, splits_evenly)
+    from .passes.tiling.cta import splits_evenly
+    from .passes.tiling.msd import (MSD_CUDA_TILE, fit_warps, msd_cube_warps, msd_layout_bytes,
+                                    msd_warp_layout)
+    most = gpu_target(spec.cuda_arch).shared_per_cta
     s = spec.msd
     groups = s.k // spec.quant.group_size
     splits = [x for x in (1, 2, 4, 8, 16) if groups % x == 0 and groups // x >= 2] or [1]
@@ -219,7 +227,7 @@ def msd_config_space(spec: Spec) -> list[MsdConfig]:
         if (block_n, vec) == own and mma == built["mma"]:
             return (block_n, vec, built["cube_warps"], built["stages"], built["occupancy"])
         stages = next((d for d in (rows["stages"], 2)
-                       if msd_layout_bytes(spec, block_n, vec, d, mma) <= SHARED_OPT_IN), None)
+                       if msd_layout_bytes(spec, block_n, vec, d, mma) <= most), None)
         cube = built["cube_warps"] if (block_n, vec) == own else msd_cube_warps(block_n)
         return None if stages is None else (block_n, vec, cube, stages, rows["occupancy"])
 
@@ -255,7 +263,7 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
     """The config the tile pass picks without a database for a call of `tokens` tokens, in a
     plan for `arch` (the spec's where None)."""
     from .passes.pipelines import lower
-    from .passes.tile import GEMM_TILE
+    from .passes.tiling.cta import GEMM_TILE
     module = lower(spec, "cuda", tuning=None, arch=arch)[0]
     gemms = {op.attr("mul_topk_weights"): op for op in module.function().ops
              if op.NAME == "moe.grouped_gemm_w4a16"}
@@ -274,15 +282,15 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
                                           for g in (up, down))))
 
 
-def same_tile(a: MoeConfig, b: MoeConfig) -> bool:
-    """Whether two configs build the same kernels (a ring depth the block cannot hold is cut
-    by the tile pass, so 8 and 5 stages are the same for block 32)."""
+def same_tile(a: MoeConfig, b: MoeConfig, gpu: GpuTarget) -> bool:
+    """Whether two configs build the same kernels on `gpu` (a ring depth the block cannot
+    hold is cut by the tile pass, so 8 and 5 stages are the same for block 32)."""
     from .build import TALL_BLOCK
-    from .passes.tile import gemm_stages, tall_stages, wgmma_fits, wide_stages
+    from .passes.tiling.cta import gemm_stages, tall_stages, wgmma_fits, wide_stages
 
     def built(c: MoeConfig) -> tuple:
         if c.moe_block == TALL_BLOCK:      # the tall tile: only its ring depth varies
-            return (TALL_BLOCK, tall_stages(c.stages, c.block_k))
+            return (TALL_BLOCK, tall_stages(c.stages, c.block_k, gpu))
         if c.col_tiles > 1:     # the wide CTA: its warps follow from its shape
             rows = min(c.warp_rows, c.moe_block)
             stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
@@ -379,10 +387,11 @@ def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str
             continue
         default = default_config(spec, t, arch)
         space = config_space(spec, t, arch)
+        gpu = gpu_target(arch or spec.cuda_arch)
         lines.append(f"T = {t}: {len(space)} candidates, then the default "
                      f"({config_text(default.as_dict())})")
         lines += [f"  {c.pipeline()}" + ("  <- builds the default's kernels"
-                                         if same_tile(c, default) else "") for c in space]
+                                         if same_tile(c, default, gpu) else "") for c in space]
     return "\n".join(lines)
 
 
@@ -399,9 +408,9 @@ def results_table(results: list[dict], what: str = "T") -> str:
 
 
 def sweep_line(tokens: int, kept: tuple, swept: tuple, default: MoeConfig, default_us: float,
-               timed: int, candidates: int) -> str:
+               timed: int, candidates: int, gpu: GpuTarget) -> str:
     """The sweep's verdict for one token count: (time, config) kept and the sweep's fastest."""
-    if same_tile(kept[1], default):
+    if same_tile(kept[1], default, gpu):
         return (f"  T={tokens}: kept the default config {kept[1].as_dict()} ({default_us:.1f} us):"
                 f" the fastest of {timed} candidates timed (of {candidates}), "
                 f"{swept[1].as_dict()}, took {swept[0]:.1f} us; a candidate must beat the "
@@ -476,7 +485,8 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             best = keep_default_unless_faster(best, default_cfg, default_us)
             results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                             "default_us": default_us, "checked": True})
-            log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space)))
+            log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space),
+                           gpu_target(default.arch)))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     db.record(spec, device, results)

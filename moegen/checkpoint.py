@@ -283,9 +283,11 @@ def _gate_up(gate: QuantizedWeight, up: QuantizedWeight, where: str) -> Quantize
             gate.g_idx is not None and not np.array_equal(gate.g_idx, up.g_idx)):
         raise CheckpointError(f"{where}: the gate and up projections have different g_idx; "
                               f"the layer gathers one activation order for both")
-    cat = (lambda a, b: None if a is None and b is None else np.concatenate(
-        [np.zeros(b.shape, np.int8) if a is None else a,
-         np.zeros(a.shape, np.int8) if b is None else b], axis=-1))
+    def cat(a, b):
+        if a is None and b is None:
+            return None
+        return np.concatenate([np.zeros(b.shape, np.int8) if a is None else a,
+                               np.zeros(a.shape, np.int8) if b is None else b], axis=-1)
     return QuantizedWeight(np.concatenate([gate.q, up.q], axis=-1),
                            np.concatenate([np.asarray(gate.scales), np.asarray(up.scales)],
                                           axis=-1),

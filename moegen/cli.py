@@ -217,7 +217,7 @@ def cmd_bench(args) -> int:
             raise UsageError(f"--pack-layers {args.pack_layers}: a layer count of at least 1, "
                              f"with one --dtype")
         from .targets.cuda.bench import bench_pack
-        _gpu(bench_pack, spec, args.pack_layers)
+        _gpu(bench_pack, spec, args.pack_layers, args.json)
         return 0
     kw = dict(tuning=tuning, pipeline=args.pass_pipeline, experts=args.experts)
     if args.dtype == "both":
@@ -314,7 +314,8 @@ def _pass_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--pass-pipeline", metavar="PIPELINE",
                    help="passes to run instead of the default, e.g. "
                         "'tile{moe-block=8},alloc' ('' runs none)")
-    s.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    s.add_argument("--print-ir-after-all", action="store_true",
+                   help="print the IR after every pass")
     s.add_argument("--print-ir-after", metavar="NAME", action="append",
                    help="print the IR after pass NAME (repeatable)")
     s.add_argument("--time-passes", action="store_true", help="report the time of each pass")

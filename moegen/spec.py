@@ -13,13 +13,14 @@ from typing import Any, Mapping
 
 import yaml
 
+from .target import CUDA_ARCHS
+
 PIPELINES = ("moe_w4a16", "msd_matmul")
 DTYPES = ("float16", "bfloat16")
 SCHEDULES = ("basic", "preload")
 LOWERINGS = ("msd", "dequant")
 GROUP_SIZES = (32, 64, 128)
 MSD_STEPS = (1, 2, 3)
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 ASCEND_SOCS = ("ascend910b", "ascend910_93")
 MOE_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 

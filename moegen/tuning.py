@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .build import build
 from .spec import Spec
+from .target import GpuTarget, gpu_target
 from .version import __version__
 
 ENV = "MOEGEN_TUNING_DB"
@@ -116,23 +117,24 @@ class TuningDB:
                       f"(run moegen autotune again)")
         return None
 
-    def lookup_any(self, spec: Spec) -> dict | None:
+    def lookup_any(self, spec: Spec, gpu: GpuTarget | None = None) -> dict | None:
         """For a compile without a GPU: the first valid entry of this spec, whatever its GPU."""
         for e in self.entries.values():
             meta = e["meta"]
             if meta["spec"] == spec.name:
-                found = self.lookup(spec, Device(meta["gpu"], meta["cuda"]))
+                found = self.lookup(spec, Device(meta["gpu"], meta["cuda"]), gpu)
                 if found:
                     return found
         return None
 
-    def lookup(self, spec: Spec, device: Device) -> dict | None:
+    def lookup(self, spec: Spec, device: Device, gpu: GpuTarget | None = None) -> dict | None:
         """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
         split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma, wide_decode],
         ...]};
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "vec_warps", "cube_warps", "split_k", "stages", "occupancy", "schedule"}, stages and
-        occupancy absent from entries recorded before them, or {"split_k"} for dequant)."""
+        occupancy absent from entries recorded before them, or {"split_k"} for dequant).
+        `gpu`: the GPU the plan is for (default: the table's entry of the spec's arch)."""
         e = self.entry(spec, device)
         if not e or not e.get("results"):
             return None
@@ -142,8 +144,9 @@ class TuningDB:
                 return None
             return {k: v for k, v in mine[0]["config"].items() if k != "lowering"}
         results = sorted(e["results"], key=lambda r: r["tokens"])
-        from .passes.tile import single_token_bucket
-        single = single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
+        from .passes.tiling.moe_buckets import single_token_bucket
+        single = single_token_bucket(spec.moe.top_k, spec.moe.hidden_size,
+                                     gpu or gpu_target(spec.cuda_arch))
         if single and len(results) == 1 and results[0]["tokens"] == 1 and spec.tokens.max > 1:
             # T = 1 alone, as it was measured (its candidates' plans have the single-token
             # bucket); its config serves the other counts too
@@ -191,12 +194,12 @@ class Tuning:
     def __init__(self, db: TuningDB, device: Device | None):
         self.db, self.device = db, device
 
-    def lookup(self, spec: Spec, target: str) -> dict | None:
+    def lookup(self, spec: Spec, target: str, gpu: GpuTarget | None = None) -> dict | None:
         if target != "cuda":
             return None
         if self.device is None:           # compiling without a GPU: the entry of any GPU
-            return self.db.lookup_any(spec)
-        return self.db.lookup(spec, self.device)
+            return self.db.lookup_any(spec, gpu)
+        return self.db.lookup(spec, self.device, gpu)
 
 
 def tuning_for(path: str | Path | None = None, device: "Device | None | str" = "current"):

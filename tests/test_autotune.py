@@ -11,12 +11,14 @@ import moegen
 from moegen import autotune as at
 from moegen import tuning as tdb
 from moegen.passes.pipelines import lower
+from moegen.target import gpu_target
 from moegen.targets.compile import emit
 from moegen.targets.cuda.emitter import emit_moe
 from conftest import ROOT
 
 QWEN = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
 H200 = tdb.Device("NVIDIA H200", "nvrtc 13.0")
+SM90A = gpu_target("sm_90a")
 RESULTS = [{"tokens": t, "config": {"moe_block": b, "split_k": s}, "time_us": 1.0,
             "default_us": 2.0, "checked": True}
            for t, b, s in ((1, 16, 2), (16, 8, 1), (64, 16, 1), (256, 32, 1), (2048, 64, 1))]
@@ -172,8 +174,8 @@ def test_tuned_warpgroup_mma_flag(tmp_path):
     assert at.default_config(QWEN, 2048).wgmma == 1
     # wgmma only where the tile allows: 2 column tiles are the same kernel either way
     a, b = (at.MoeConfig(32, 1, 4, 1, 32, 4, 2, 32, wg) for wg in (0, 1))
-    assert at.same_tile(a, b) and not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 0),
-                                                    at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 1))
+    assert at.same_tile(a, b, SM90A) and not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 0),
+                                                    at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 1), SM90A)
 
 
 def test_tuned_split_per_gemm(tmp_path):
@@ -204,26 +206,26 @@ def test_default_config_is_recognised_in_the_sweep():
     wide = at.default_config(QWEN, 512)
     # from T = 160 (40 slots an expert, of 8 experts) the tall tile: block 128, 128 k a stage
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
-    assert not at.same_tile(wide, at.default_config(mixtral, 2048))
+    assert not at.same_tile(wide, at.default_config(mixtral, 2048), SM90A)
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
                                                           wide_decode=1)
     assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4, wide_decode=1),
-                            at.default_config(mixtral, 64))
+                            at.default_config(mixtral, 64), SM90A)
     assert not at.same_tile(at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4),
-                            at.default_config(mixtral, 64))
+                            at.default_config(mixtral, 64), SM90A)
     # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
-    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
+    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1), SM90A)
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
-    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), wide)
-    assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), wide)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), wide)
-    assert not at.same_tile(wide, at.default_config(mixtral, 128))
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1))
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1))
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1))
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1))
+    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), wide, SM90A)
+    assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4), SM90A)
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), wide, SM90A)
+    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), wide, SM90A)
+    assert not at.same_tile(wide, at.default_config(mixtral, 128), SM90A)
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1), SM90A)
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1), SM90A)
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1), SM90A)
+    assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1), SM90A)
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"])
@@ -306,15 +308,15 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
     its two ring depths (first where the tile pass picks it), in plans for an arch with
     warpgroup MMA only; a candidate's pipeline builds the tall tile, and a recorded one gives
     its depth back."""
-    from moegen.passes.tile import tall_edge
+    from moegen.passes.tiling.moe_buckets import tall_edge
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     for spec in (mixtral, QWEN):
         edge = tall_edge(spec)
         for t in (edge, 4096):
             space = at.config_space(spec, t)
             assert [c.stages for c in space[:2]] == [4, 3] and space[0].moe_block == 128
-            assert at.same_tile(space[0], at.default_config(spec, t))
-            assert not at.same_tile(space[1], at.default_config(spec, t))
+            assert at.same_tile(space[0], at.default_config(spec, t), SM90A)
+            assert not at.same_tile(space[1], at.default_config(spec, t), SM90A)
             assert sum(c.moe_block == 128 for c in space) == 2
             assert not any(c.moe_block == 128 for c in at.config_space(spec, t, "sm_90"))
     # below the tall edge, after the wide CTA's candidates, from 33 slots an expert
@@ -331,8 +333,8 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
     assert all(v["kernel"].endswith("_b128_c4_tall_p3_k128")
                for g in plan["gemms"] for v in g["variants"])
     # the tall tile's depth: 3 at least, 4 at most (5 stages of 128 k pass 227 KB)
-    assert at.same_tile(dataclasses.replace(tall3, stages=2), tall3)
-    assert at.same_tile(dataclasses.replace(tall3, stages=8), at.config_space(mixtral, 2048)[0])
+    assert at.same_tile(dataclasses.replace(tall3, stages=2), tall3, SM90A)
+    assert at.same_tile(dataclasses.replace(tall3, stages=8), at.config_space(mixtral, 2048)[0], SM90A)
     path = tmp_path / "t.json"
     tdb.TuningDB(path).record(mixtral, H200, [
         {"tokens": t, "config": c.as_dict(), "time_us": 1.0, "default_us": 1.0, "checked": True}
@@ -361,7 +363,7 @@ def test_sweep_splits_the_wide_cta_where_a_prefill_call_leaves_the_sms_short():
     deepseek = moegen.load_spec(ROOT / "examples" / "deepseek-v2-lite.yaml")
     assert all(not splits(s, t) for s in (QWEN, deepseek) for t in (65, 128, 256, 2048))
     cfg = next(c for c in at.config_space(mixtral, 128) if c.split_k_down == 4)
-    assert not at.same_tile(cfg, at.default_config(mixtral, 128))    # the default doubles
+    assert not at.same_tile(cfg, at.default_config(mixtral, 128), SM90A)    # the default doubles
     module, _, pm = lower(mixtral, "cuda", cfg.pipeline(), tuning=None, arch="sm_90a")
     down = emit_moe(mixtral, module, pm.pipeline, "sm_90a").plan["gemms"][1]["variants"][-1]
     assert (down["split"], down["split_many"], down["ctas_per_sm"]) == (4, 4, 4)
@@ -428,12 +430,12 @@ def test_results_table():
 def test_sweep_line_says_what_was_kept_and_why():
     default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
     kept = at.keep_default_unless_faster((26.0, other), default, 26.8)
-    line = at.sweep_line(1, kept, (26.0, other), default, 26.8, 49, 416)
+    line = at.sweep_line(1, kept, (26.0, other), default, 26.8, 49, 416, SM90A)
     assert line.startswith("  T=1: kept the default config {'moe_block': 8, 'split_k': 1,")
     assert "(26.8 us): the fastest of 49 candidates timed (of 416)" in line
     assert f"{other.as_dict()}, took 26.0 us; a candidate must beat the default by 5%" in line
     won = at.keep_default_unless_faster((20.0, other), default, 26.8)
-    line = at.sweep_line(64, won, (20.0, other), default, 26.8, 416, 416)
+    line = at.sweep_line(64, won, (20.0, other), default, 26.8, 416, 416, SM90A)
     assert line == f"  T=64: best {other.as_dict()} 20.0 us, default 26.8 us (1.34x)"
 
 

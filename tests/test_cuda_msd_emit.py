@@ -9,6 +9,7 @@ import pytest
 import moegen
 from moegen.passes.schedule import derive_slots, generate, loop_stages
 from moegen.schedule_model import CUBE, VEC, Schedule
+from moegen.target import gpu_target
 from moegen.sim.engine import Machine, simulate
 from moegen.targets.compile import emit
 from moegen.targets.cuda.msd_readback import read_kernels
@@ -75,7 +76,7 @@ def test_s8_divisors_carry_the_sixteen_exactly():
      "        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);\n", ""),
     ("      if (moegen_runs(step, 0, STEPS))\n"
      "        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);\n", ""),
-    ("      if (moegen_runs(step, 1, STEPS)) {\n        const int it = step - 1;\n", 
+    ("      if (moegen_runs(step, 1, STEPS)) {\n        const int it = step - 1;\n",
      "      if (moegen_runs(step, 0, STEPS)) {\n        const int it = step - 0;\n"),
     ("SLOTS_A_UNFOLD = 3", "SLOTS_A_UNFOLD = 2"),
 ])
@@ -198,7 +199,7 @@ def test_rings_start_on_a_128_byte_line():
     """The dynamic shared memory is declared 128-byte aligned and the mbarriers fill whole
     128-byte lines, so the rings start on a line whatever the flags (16 bytes off a 32-byte
     boundary measured 10-20% slower at M = 1). The plan's bytes count the lines."""
-    from moegen.passes.tile import msd_shared_bytes
+    from moegen.passes.tiling.msd import msd_shared_bytes
     files = emit(SEED, "cuda")
     source = files["msd-seed.cu"]
     assert "constexpr int LINE_BYTES = 128;" in source
@@ -251,7 +252,7 @@ def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     to 2 stages first; asking for 64 columns with 4 stages by hand is refused with the bytes it
     would need."""
     from moegen.passes.manager import PipelineError
-    from moegen.passes.tile import SHARED_OPT_IN
+    SHARED_OPT_IN = gpu_target("sm_90a").shared_per_cta
     big = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=64, n=4096, k=4096))
     plan = json.loads(emit(big, "cuda")[f"{big.name}.launch.json"])
     assert (plan["tile"]["block_n"], plan["tile"]["cube_warps"], plan["tile"]["w_stages"]) == (64, 1, 2)
@@ -259,7 +260,7 @@ def test_columns_per_cta_halve_where_shared_memory_would_overflow():
     small = json.loads(emit(SEED, "cuda")[f"{SEED.name}.launch.json"])
     assert (small["tile"]["block_n"], small["tile"]["cube_warps"]) == (128, 2)
     with pytest.raises(PipelineError, match=r"tile\{block-n=64\}: .* would need \d+ bytes of "
-                                            r"shared memory \(at most 232448\)"):
+                                            r"shared memory \(at most 232448 on sm_90a\)"):
         emit(big, "cuda", "tile{block-n=64,stages=4},schedule,alloc")
 
 

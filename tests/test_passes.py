@@ -11,10 +11,14 @@ from moegen.ir import parse
 from moegen.passes.alloc import Buffer, assign_offsets, check_no_overlap, AllocError, plan_of
 from moegen.passes.manager import Context, PassManager, PipelineError, parse_pipeline, print_pipeline
 from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
-from moegen.passes.tile import MSD_CTAS_PER_SM, single_token_bucket
+from moegen.passes.tiling.moe_buckets import single_token_bucket
+from moegen.passes.tiling.msd import MSD_CTAS_PER_SM
+from moegen.target import CUDA_ARCHS, gpu_target
 from moegen.targets.cuda.emitter import emit_moe
 from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
+
+H200 = gpu_target("sm_90a")
 
 MOE = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
 MSD = moegen.load_spec(ROOT / "examples" / "msd-seed.yaml")
@@ -108,7 +112,8 @@ def test_moe_passes_printed(path):
     tail = 8 * spec.moe.num_experts // spec.moe.top_k
     tail = tail if 64 < tail < spec.tokens.max else None
     # a bucket for T = 1 alone where the down GEMM of one token has fewer tiles than SMs
-    one = spec.tokens.max > 1 and single_token_bucket(spec.moe.top_k, spec.moe.hidden_size)
+    one = spec.tokens.max > 1 and single_token_bucket(spec.moe.top_k, spec.moe.hidden_size,
+                                                         H200)
     # above 13 slots an average expert (Mixtral: T = 53..64) the wide CTA of block 32
     wd = 13 * spec.moe.num_experts // spec.moe.top_k
     wd = wd if not fixed and 16 < wd < min(64, spec.tokens.max) else None
@@ -260,19 +265,64 @@ def test_tall_tile_only_where_the_arch_has_warpgroup_mma():
     assert plan("sm_90a") == (tall_buckets, tall_tiles)
     wide = plan("sm_90a", "fuse-align,fuse-swiglu,tile{tall=0},alloc")
     assert wide[0][-1] == [8192, 32] and not any(any(t["tall"]) for t in wide[1])
-    for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
-        assert plan(arch) == wide, arch
-        assert plan(arch, "fuse-align,fuse-swiglu,tile{tall=1},alloc") == (tall_buckets, tall_tiles)
+    # sm_90: the H200's numbers without warpgroup MMA; the others their own numbers too
+    assert plan("sm_90") == wide
+    assert plan("sm_90", "fuse-align,fuse-swiglu,tile{tall=1},alloc") == (tall_buckets, tall_tiles)
+    for arch in CUDA_ARCHS:
+        if gpu_target(arch).wgmma:
+            continue
+        buckets, tiles = plan(arch)
+        assert buckets[-1] == [8192, 32] and not any(any(t["tall"]) for t in tiles), arch
+        buckets, tiles = plan(arch, "fuse-align,fuse-swiglu,tile{tall=1},alloc")
+        assert buckets[-1] == [8192, 128] and all(t["tall"][-1] for t in tiles), arch
     # the spec's arch where lower is given none
     data = yaml.safe_load((ROOT / "examples" / "mixtral-8x7b.yaml").read_text())
-    on_sm80 = moegen.load_spec({**data, "targets": {"cuda": {"arch": "sm_80"}}})
-    assert plan(s=on_sm80) == wide and plan("sm_90a", s=on_sm80) == (tall_buckets, tall_tiles)
+    on_sm90 = moegen.load_spec({**data, "targets": {"cuda": {"arch": "sm_90"}}})
+    assert plan(s=on_sm90) == wide and plan("sm_90a", s=on_sm90) == (tall_buckets, tall_tiles)
+
+
+def test_plans_use_their_gpus_numbers():
+    """The tile pass reads the plan's GPU (moegen.target): the SMs decide where T = 1 gets a
+    bucket of its own and how far decode GEMMs split over K; a runtime's own SM count (lower's
+    `gpu`) over the arch's table entry; the CTA's shared memory caps the MSD tile."""
+    qwen = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    # Qwen3's down GEMM of one token: 8 x 2048 / 64 = 256 column tiles
+    assert not single_token_bucket(8, 2048, H200)
+    assert single_token_bucket(8, 2048, H200.with_sms(300))
+
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+
+    def plan(spec, **kw):
+        """(buckets, the down GEMM's K splits per bucket)"""
+        module = lower(spec, "cuda", tuning=None, **kw)[0]
+        down = next(op for op in module.function().ops
+                    if op.NAME == "moe.grouped_gemm_w4a16" and op.attr("mul_topk_weights"))
+        return module.function().op("moe.align").attrs["block_buckets"], \
+            down.attrs["tile"]["split_k"]
+    # Mixtral's down GEMM of one token: 2 x 4096 / 64 = 128 column tiles, split where the
+    # SMs outnumber them
+    h200, few = plan(mixtral), plan(mixtral, gpu=H200.with_sms(16))
+    assert few[1][0] < h200[1][0], (few, h200)
+    assert plan(qwen, gpu=H200.with_sms(300))[0][0] == [1, 8] and plan(qwen)[0][0] != [1, 8]
+    assert plan(mixtral, arch="sm_87") == plan(mixtral, gpu=gpu_target("sm_87"))
+    assert plan(mixtral, arch="sm_87") != plan(mixtral, arch="sm_90")     # 16 SMs, not 132
+    # an MSD layout that fits the H200's 227 KB does not fit an L40S's 99 KB
+    msd = yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())
+    msd["msd"]["m"] = 16
+    big = moegen.load_spec(msd)
+    tile_h200 = lower(big, "cuda", tuning=None, arch="sm_90a")[0].function().op(
+        "msd.group_loop").attrs["tile"]
+    tile_l40s = lower(big, "cuda", tuning=None, arch="sm_89")[0].function().op(
+        "msd.group_loop").attrs["tile"]
+    assert tile_l40s["block_n"] < tile_h200["block_n"], (tile_l40s, tile_h200)
+    with pytest.raises(ValueError, match="arch 'sm_75': not a known CUDA target"):
+        gpu_target("sm_75")
 
 
 def test_ring_stages_are_whole_turns_of_the_unrolled_loop():
     """The K-split CTA's ring stages: as many as asked and 48 KB allow, from 4 up a power of
     two (the unrolled K loop then keeps every ring offset a constant); 3 stays 3."""
-    from moegen.passes.tile import gemm_stages
+    from moegen.passes.tiling.cta import gemm_stages
     assert [gemm_stages(8, 4, most) for most in (2, 3, 4, 5, 6, 7, 8, 12, 16)] == \
         [2, 3, 4, 4, 4, 4, 8, 8, 8]                 # (13 stages of block 8 fit 48 KB)
     assert gemm_stages(8, 2, 16) == 16
@@ -315,7 +365,7 @@ def test_tall_tile_in_large_prefill_buckets():
     of block 128 (4 column tiles, 16 warps where it runs as the wide CTA, 64 k a stage, 4
     stages, dynamic shared memory); an option that pins the prefill tile, tall=0, or weights
     whose tiles do not make whole CTAs of 4 keep the wide CTA."""
-    from moegen.passes.tile import tall_shared_bytes
+    from moegen.passes.tiling.cta import tall_shared_bytes
     edges = {"mixtral-8x7b": 160, "qwen3-30b-a3b": 1024, "deepseek-v2-lite": 683}
     for name, edge in edges.items():
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
@@ -346,7 +396,7 @@ def test_tall_tile_in_large_prefill_buckets():
         lower(odd, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")
     # a tuning entry may give block 128 only where the tall tile fits
     entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [4096, 128, 1, 4, 1, 16, 4]]}
-    ctx_tuning = type("Entry", (), {"lookup": lambda self, spec, target: entry})()
+    ctx_tuning = type("Entry", (), {"lookup": lambda self, spec, target, gpu=None: entry})()
     with pytest.raises(PipelineError, match=r"tuning entry: a bucket of block 128 \(the tall "
                                             r"tile\) needs the weight's 320 columns in whole CTAs"):
         lower(odd, "cuda", tuning=ctx_tuning)
@@ -382,7 +432,7 @@ def test_moe_block_128_is_the_tall_tile_for_every_call():
     with pytest.raises(PipelineError, match=r"tile\{moe-block=256\}: must be one of"):
         lower(MOE, "cuda", "tile{moe-block=256}")
     entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [8192, 128, 2, 4, 1, 128, 4, 4, 32, 1]]}
-    split_tall = type("Entry", (), {"lookup": lambda self, spec, target: entry})()
+    split_tall = type("Entry", (), {"lookup": lambda self, spec, target, gpu=None: entry})()
     with pytest.raises(PipelineError, match=r"tuning entry: split-k 2 in a bucket of block 128"):
         lower(MOE, "cuda", tuning=split_tall)
 
@@ -580,7 +630,7 @@ class _Entries:
     def __init__(self, buckets):
         self.buckets = buckets
 
-    def lookup(self, spec, target):
+    def lookup(self, spec, target, gpu=None):
         return {"buckets": self.buckets}
 
 
@@ -612,14 +662,14 @@ def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short(
     for sm_90a (16 blocks x 16 tiles = 256 < 528), not its gate/up (448 tiles a block), not
     Qwen3's or DeepSeek's, and not Mixtral's where the bucket reaches T = 8192 (sm_80 plans,
     tall=0); prefill-split-k=1 keeps it whole, split-k (the decode buckets') does not."""
-    from moegen.passes.tile import prefill_short
+    from moegen.passes.tiling.moe_buckets import prefill_short
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     # the down GEMM (64 tiles, 16 CTA tiles a block): short up to 32 blocks (T = 512), not from
     # 33 (T = 528); gate/up (448 tiles) never; block 128 (the tall tile) is not the wide CTA's
-    assert prefill_short(mixtral, 255, 32, 64, 4, 32) and prefill_short(mixtral, 512, 32, 64, 4, 32)
-    assert not prefill_short(mixtral, 528, 32, 64, 4, 32)
-    assert not prefill_short(mixtral, 65, 32, 448, 4, 32)
-    assert not prefill_short(mixtral, 255, 128, 64, 4, 32)
+    assert prefill_short(mixtral, H200, 255, 32, 64, 4, 32) and prefill_short(mixtral, H200, 512, 32, 64, 4, 32)
+    assert not prefill_short(mixtral, H200, 528, 32, 64, 4, 32)
+    assert not prefill_short(mixtral, H200, 65, 32, 448, 4, 32)
+    assert not prefill_short(mixtral, H200, 255, 128, 64, 4, 32)
 
     def prefill_splits(spec, arch="sm_90a", pipeline=None):
         module = lower(spec, "cuda", pipeline, tuning=None, arch=arch)[0]
@@ -710,7 +760,7 @@ def test_a_tuning_entry_keeps_the_spec_block_and_the_msd_option_values():
     with pytest.raises(PipelineError, match=r"the bucket up to T = 64 has moe-block 32: must be "
                                             r"the spec's moe\.block_size, 4"):
         lower(seed, "cuda", tuning=_Entries([[64, 32, 1]]))
-    entry = type("Entry", (), {"lookup": lambda self, spec, target: {"block_n": 100}})()
+    entry = type("Entry", (), {"lookup": lambda self, spec, target, gpu=None: {"block_n": 100}})()
     with pytest.raises(PipelineError, match=r"tuning entry has block-n 100: must be one of 16, "
                                             r"32, 64, 128, 256"):
         lower(MSD, "cuda", tuning=entry)
@@ -750,7 +800,7 @@ def test_ring_sizes_follow_the_kernels_stage_layout():
     templates/cuda/moegen_w4a16.cuh: a group's staged scales (SCALE_STAGE_BYTES) and the 16 bytes
     after each staged activation row. A change to either side alone would size shared memory
     for another kernel."""
-    from moegen.passes.tile import RING_ROW_PAD, SCALE_BYTES
+    from moegen.passes.tiling.cta import RING_ROW_PAD, SCALE_BYTES
     from moegen.resources import data_dir
     header = (data_dir("templates") / "cuda" / "moegen_w4a16.cuh").read_text()
     assert int(re.search(r"constexpr int SCALE_STAGE_BYTES = (\d+);", header).group(1)) == SCALE_BYTES

@@ -111,7 +111,8 @@ def test_torch_compile_fullgraph_and_cuda_graphs(rng):
 def test_end_to_end_transformers_models(tmp_path):
     """Qwen3-MoE (AWQ, bf16) and Mixtral (GPTQ act-order, fp16; compressed-tensors, bf16)
     quantized, saved in the real format, loaded back and generated from: 32 greedy tokens as
-    transformers gives with the dequantized weights, logits within 2e-2."""
+    transformers gives with the dequantized weights (or parting only at a near tie), logits
+    within 2e-2 and every decision the same (examples/hf_end_to_end.compare)."""
     pytest.importorskip("transformers")
     sys.path.insert(0, str(ROOT / "examples"))
     import hf_end_to_end
@@ -119,3 +120,30 @@ def test_end_to_end_transformers_models(tmp_path):
                                ("mixtral", "compressed-tensors", "bfloat16")):
         result = hf_end_to_end.run(family, fmt, dtype, steps=32, folder=tmp_path / fmt)
         assert result["ok"], result
+
+
+def test_end_to_end_comparison_tells_ties_from_differences():
+    """hf_end_to_end.compare: identical tokens pass; a parting at a near tie passes; a parting
+    at a clear margin, or one step's logits off by more than 2e-2, fails."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import hf_end_to_end
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(4, 32, 100, generator=gen)
+    ours = ref + 1e-4 * torch.randn(ref.shape, generator=gen)
+    tokens = ref.argmax(-1)
+    assert hf_end_to_end.compare(tokens, tokens.clone(), ref, ours, 32)["ok"]
+    tied, near = ref.clone(), ours.clone()
+    top = tied[2, 5].topk(2)
+    tied[2, 5, top.indices[1]] = top.values[0] - 1e-5         # a near tie at step 5 ...
+    near[2, 5] = tied[2, 5]
+    near[2, 5, top.indices[1]] = top.values[0] + 1e-4         # ... which ours breaks the other way
+    parted = tied.argmax(-1).clone()
+    parted[2, 5:] = 7
+    result = hf_end_to_end.compare(tied.argmax(-1), parted, tied, near, 32)
+    assert result["ok"] and result["first_difference"] == 5 and not result["same_tokens"]
+    clear = tokens.clone()
+    clear[1, 3:] = (tokens[1, 3] + 1) % 100
+    assert not hf_end_to_end.compare(tokens, clear, ref, ours, 32)["ok"]
+    off = ours.clone()
+    off[:, 9] *= 1.05
+    assert not hf_end_to_end.compare(tokens, tokens, ref, off, 32)["ok"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..spec import Spec
+from ..target import GpuTarget, gpu_target
 
 if TYPE_CHECKING:
     from ..ir import Module
@@ -58,7 +59,12 @@ class Context:
     target: str = "cuda"
     tuning: Any = None          # a tuning database (autotune); None = documented defaults
     arch: str | None = None     # CUDA: the architecture the plan is for (None: the spec's)
+    gpu: GpuTarget | None = None   # CUDA: the GPU's numbers, where not the arch's table entry
     results: dict = field(default_factory=dict)   # pass name -> what it computed (for reports)
+
+    def gpu_target(self) -> GpuTarget:
+        """The GPU the plan is for: the one given, else the table's entry of the plan's arch."""
+        return self.gpu or gpu_target(self.arch or self.spec.cuda_arch)
 
 
 class Pass:

@@ -62,7 +62,8 @@ class PassManager:
     """Runs passes in order, verifying after each; can print the IR after some or all."""
 
     def __init__(self, passes: list[Pass] | str, print_after: set[str] | None = None,
-                 print_after_all: bool = False, on_print: Callable[[str, Module], None] | None = None):
+                 print_after_all: bool = False,
+                 on_print: Callable[[str, Module], None] | None = None):
         self.passes = parse_pipeline(passes) if isinstance(passes, str) else list(passes)
         self.print_after = print_after or set()
         self.print_after_all = print_after_all

@@ -4,13 +4,14 @@ from __future__ import annotations
 from ..build import build
 from ..ir import Module
 from ..spec import Spec
+from ..target import GpuTarget
 from .manager import Context, PassManager, PipelineError
 
 DEFAULT_PIPELINES: dict[tuple[str, str], list[str]] = {
     ("moe_w4a16", "cuda"): [
         "fuse-align",   # count, pad_scan, slot_lists, marlin_indices -> one moe.align (one launch)
         "fuse-swiglu",  # SwiGLU in the gate/up GEMM's epilogue (leave out: separate kernel)
-        "tile",         # moe block per token bucket; GEMM tile: block_n, block_k, warps, stages, split-k
+        "tile",         # moe block per token bucket; GEMM tile: k a stage, warps, stages, split
         "alloc",        # liveness and offsets of every intermediate in one workspace arena
     ],
     ("msd_matmul", "cuda"): [
@@ -50,13 +51,16 @@ def default_target(spec: Spec) -> str:
 
 
 def lower(spec: Spec, target: str | None = None, pipeline: str | None = None, tuning=None,
-          arch: str | None = None, **manager_options) -> tuple[Module, Context, PassManager]:
+          arch: str | None = None, gpu: GpuTarget | None = None,
+          **manager_options) -> tuple[Module, Context, PassManager]:
     """Build the spec's module and run a pipeline (the target's default unless given); `arch`:
-    the CUDA architecture to plan for, where not the spec's (a runtime plans for its GPU's)."""
+    the CUDA architecture to plan for, where not the spec's (a runtime plans for its GPU's);
+    `gpu`: that GPU's numbers, where not the arch's table entry (a runtime's SM count)."""
     target = target or default_target(spec)
     text = default_pipeline(spec.pipeline, target) if pipeline is None else pipeline
     pm = PassManager(text, **manager_options)
     ctx = Context(spec=spec, target=target, tuning=tuning,
-                  arch=arch or (spec.cuda_arch if target == "cuda" else None))
+                  arch=arch or (gpu.arch if gpu else spec.cuda_arch if target == "cuda"
+                                else None), gpu=gpu)
     module = pm.run(build(spec), ctx)
     return module, ctx, pm

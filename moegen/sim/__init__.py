@@ -1,1 +1,2 @@
-"""Schedule simulator: executes per-unit action lists, finds hazards and deadlocks, draws timelines."""
+"""Schedule simulator: executes per-unit action lists, finds hazards and deadlocks, draws
+timelines."""

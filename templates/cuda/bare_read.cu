@@ -10,8 +10,9 @@
 // evict-first (`ld.global.cs`: a call reads its weights once). Of the 19 shapes measured (128 to
 // 1024 threads, 2 to 16 loads a thread, a CTA a chunk or a grid of the CTAs that fit the GPU at
 // once looping over them), this one was within 0.2 us of the fastest on the MSD seed's 52 MB
-// (18.2 us) and on 19 MB, and read Mixtral's 8 experts at the copy bandwidth (docs/PERF.md). The CTA leaves the XOR of every 32-bit word it read in
-// xor_out[blockIdx.x], so the loads are used and a test can check that every byte was read once.
+// (18.2 us) and on 19 MB, and read Mixtral's 8 experts at the copy bandwidth (docs/DESIGN.md).
+// The CTA leaves the XOR of every 32-bit word it read in xor_out[blockIdx.x], so the loads are
+// used and a test can check that every byte was read once.
 
 #define MOEGEN_READ_THREADS 512
 #define MOEGEN_READ_LOADS 4

@@ -185,7 +185,7 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, uns
 // A weight stream read once per call copies with an evict-first policy: a new weight line
 // displaces an older weight line before anything else L2 holds (activations, data of the kernels
 // around this one, dirty lines that would first have to be written back). Measured on the H200
-// (docs/PERF.md, "Evict-first weight copies in the decode GEMMs"): faster in the K-split GEMMs
+// (docs/DESIGN.md): faster in the K-split GEMMs
 // and the MSD matmul; the wide prefill CTA keeps plain copies (Mixtral T = 2048 ran slower).
 //
 // ptxas (CUDA 13, sm_90) miscompiles a hinted cp.async whose shared address it splits into a
@@ -413,7 +413,7 @@ __device__ __forceinline__ void arrival_sync() {
 // scope: the release covers the writes the meeting ordered before it, and in the last CTA the
 // acquire (passed on to the other threads by the second meeting) covers every other CTA's. A
 // fence in every thread around the count instead (membar.gl) cost the MSD matmul 0.4 us at
-// M = 1 and 0.8 us at M = 16 (docs/PERF.md).
+// M = 1 and 0.8 us at M = 16 (docs/DESIGN.md).
 template <int THREADS = 0>
 __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& flag) {
   arrival_sync<THREADS>();
@@ -563,7 +563,7 @@ __device__ __forceinline__ void grouped_gemm(
   constexpr int RED_BYTES = ROWS * 64 * 4;
   constexpr int GROUPS = KDIM / G;
   // every stage on a 128-byte line (a ring 16 bytes off a 32-byte boundary measured 10-20%
-  // slower in the MSD kernel: docs/PERF.md)
+  // slower in the MSD kernel: docs/DESIGN.md)
   static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
   __shared__ __align__(128) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
   __shared__ int last_cta;

@@ -235,7 +235,7 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
     const float amax = moegen::warp_max_nonnegative(local);
     const float safe = amax > 0.0f ? amax : 1.0f;
     // a / safe as the reference's float32 division rounds it (the sign of a zero aside, which no
-    // slice sees), from one reciprocal: measured 3-8% faster at M = 2..16 (docs/PERF.md)
+    // slice sees), from one reciprocal: measured 3-8% faster at M = 2..16 (docs/DESIGN.md)
     const float inv = __frcp_rn(safe);
     float t[PER];
 #pragma unroll
@@ -424,7 +424,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   constexpr int SLOTS_Y = 1;
   // the mbarriers fill whole lines, so the weight ring after them starts on a line: 16 bytes off
   // a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not move the
-  // time; docs/PERF.md)
+  // time; docs/DESIGN.md)
   extern __shared__ __align__(LINE_BYTES) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);
@@ -523,7 +523,7 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   constexpr int SLOTS_Y = 2;
   // the mbarriers fill whole lines, so the weight ring after them starts on a line: 16 bytes off
   // a 32-byte boundary it measured 10-20% slower at M = 1 (the other arrays did not move the
-  // time; docs/PERF.md)
+  // time; docs/DESIGN.md)
   extern __shared__ __align__(LINE_BYTES) unsigned char smem[];
   Shared sh;
   sh.bars = reinterpret_cast<unsigned long long*>(smem);

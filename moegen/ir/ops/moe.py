@@ -214,7 +214,8 @@ class GroupedGemmW4A16Op(Op):
             self.check(self.attr("mul_topk_weights"),
                        "epilogue = topk_sum sums the weighted rows: mul_topk_weights must be true")
             sum_rows = self.tensor(self.results[1], "result", act, 2).shape[0]
-            self.same_dim(sum_rows * Dim.of(self.attr("sum_topk")), rows * Dim.of(self.attr("topk")),
+            self.same_dim(sum_rows * Dim.of(self.attr("sum_topk")),
+                          rows * Dim.of(self.attr("topk")),
                           "rows of out must equal rows of sum x sum_topk")
             self.expect_result(1, (sum_rows, out_n), act)
 

@@ -2,8 +2,8 @@
 
 Timing: the layer call is captured in a CUDA graph; each repetition flushes the L2 (a 256 MiB
 memset), then replays the graph between two CUDA events; the median is reported. The memset
-leaves L2 dirty, so a call also pays for writing back the lines its misses displace (docs/PERF.md
-measures what that costs a bare read of the weights). The memory floor is the int4 weight and
+leaves L2 dirty, so a call also pays for writing back the lines its misses displace (docs/DESIGN.md
+says what that costs a bare read of the weights). The memory floor is the int4 weight and
 scale bytes of the experts the call actually routes to, over the device-to-device copy
 bandwidth measured in the same process. Beside it, a bare read of those same bytes timed the
 same way (bare_read.py): what the harness lets any kernel reach. The baseline is PyTorch bf16:
@@ -277,10 +277,11 @@ def bench_dtypes(spec, tokens: list[int], json_path: str | None = None, reps: in
     return rows
 
 
-def bench_pack(spec, layers: int, log=print) -> dict:
+def bench_pack(spec, layers: int, json_path: str | None = None, log=print) -> dict:
     """Pack `layers` layers of random weights of the spec on the GPU (pack_moe_weights: the
     reference layout in device memory -> the kernels' layout); the weights of each are drawn
-    on the device first, untimed. Returns the seconds in all and per layer."""
+    on the device first, untimed. Returns (and with `json_path` writes) the seconds in all and
+    per layer."""
     import time
 
     from ...quant import QuantizedWeight
@@ -312,7 +313,13 @@ def bench_pack(spec, layers: int, log=print) -> dict:
         del w13, w2, packed
     log(f"{spec.name}: packed {layers} layers on the GPU in {seconds:.2f} s "
         f"({seconds / layers * 1e3:.1f} ms a layer, {packed_bytes / 1e6:.0f} MB packed each)")
-    return {"layers": layers, "seconds": seconds, "per_layer_s": seconds / layers}
+    result = {"spec": spec.name, "device": cp.cuda.runtime.getDeviceProperties(
+        cp.cuda.Device().id)["name"].decode(), "dtype": spec.dtype, "layers": layers,
+        "seconds": seconds, "per_layer_s": seconds / layers, "packed_bytes_a_layer": packed_bytes}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
 
 
 def run_moe(spec, tokens: int, seed: int | None = None, log=print, tuning="auto") -> float:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...target import GpuTarget, from_device, gpu_target
+
 
 class CudaUnavailable(RuntimeError):
     """No CuPy or no GPU: the message says which, in one line."""
@@ -35,7 +37,16 @@ def device_arch() -> str:
     """The current GPU's architecture, e.g. sm_80; sm_90a on Hopper (its arch-specific features,
     such as the warpgroup MMA the prefill GEMMs use)."""
     cc = get_cupy().cuda.Device().compute_capability
-    return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
+    return f"sm_{cc}a" if cc in ("90", "100") else f"sm_{cc}"
+
+
+def device_gpu(arch: str | None = None) -> GpuTarget:
+    """The GPU a runtime plans for: the current device (its arch's table entry with the SMs it
+    has), or the table's entry of `arch` where one is given."""
+    if arch is not None:
+        return gpu_target(arch)
+    sms = get_cupy().cuda.Device().attributes["MultiProcessorCount"]
+    return from_device(device_arch(), sms)
 
 
 def is_torch(value) -> bool:

@@ -14,12 +14,14 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
-from ...passes.tile import (ALIGN_WARPS, GEMM_TILE, align_up, starts_with_single_token_bucket,
-                           tall_shared_bytes, tall_wide_block_k, wide_split_fill_ctas)
+from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, align_up, tall_shared_bytes,
+                                  tall_wide_block_k, wide_split_fill_ctas)
+from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
+from ...target import GpuTarget, gpu_target
 from .launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from .template_args import template_args
 
@@ -65,7 +67,7 @@ class CudaProgram:
                 f"{stem}.launch.json": json.dumps(self.plan, indent=2) + "\n"}
 
 
-def _gemm_plans(module: Module) -> list[GemmPlan]:
+def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
     plans = []
     for op in module.function().ops:
         if op.NAME != "moe.grouped_gemm_w4a16":
@@ -125,7 +127,7 @@ def _gemm_plans(module: Module) -> list[GemmPlan]:
             # fill fill_ctas CTAs so, else split; call_split in the device header)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "split_many": many,
-                               "fill_ctas": wide_split_fill_ctas(ctas) if many != split else 0,
+                               "fill_ctas": wide_split_fill_ctas(ctas, gpu) if many != split else 0,
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                "ctas_per_sm": ctas, "tall": tall,
@@ -192,7 +194,10 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> tuple[d
     return workspace, state
 
 
-def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None) -> CudaProgram:
+def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
+             gpu: GpuTarget | None = None) -> CudaProgram:
+    """The CUDA program of a lowered MoE module for `arch` (the spec's where None) on `gpu`
+    (the table's entry of the arch where None: the tile pass's GPU)."""
     m = spec.moe
     fn = module.function()
     require_passes(spec.pipeline, "cuda", pipeline, [
@@ -202,7 +207,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
             ("alloc", "workspace" in module.attrs)) if not ran])
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
-    gemms = _gemm_plans(module)
+    gemms = _gemm_plans(module, gpu or gpu_target(arch or spec.cuda_arch))
     zeros, act_order = not spec.quant.symmetric, spec.quant.act_order
     # a call of one token with router logits is routed inside every CTA of both GEMMs where
     # the tile pass says (their first bucket runs the K-split CTA): by a form of that bucket's

@@ -20,25 +20,26 @@ import ctypes
 
 import numpy as np
 
+from ...target import gpu_target
+
 PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID
 
 # The fewest tokens a call must have for its down GEMM to follow gate/up with PDL. Measured on
-# the H200 (docs/PERF.md, "The down GEMM with programmatic dependent launch" and "The down GEMM
-# under PDL from one token"), with gate/up releasing it at its start: faster from T = 4 on the
-# three example models (2-4% at T = 4..32); at the kernels of ae911e4 also at T = 1 and 3
-# (Qwen3 and DeepSeek T = 1 5% faster) and at T = 2, except on DeepSeek-V2-Lite (7% slower).
-# (At 7751a55 it had been slower at T = 1.) A bucket whose largest call is below it compiles
-# its down GEMM without the PDL prologue and is launched plainly. The single-token bucket
-# (Mixtral's T = 1) differs in where gate/up releases the down GEMM: only after its K loop
-# (measured: Mixtral T = 1 70.6 us against 72.4 plain and 77 with the release at the start).
+# the H200 (docs/DESIGN.md), with gate/up releasing it at its start: faster from T = 4 on the
+# three example models (2-4% at T = 4..32), and at T = 1 and 3 (Qwen3 and DeepSeek T = 1 5%
+# faster) and at T = 2, except on DeepSeek-V2-Lite (7% slower). A bucket whose largest call
+# is below it compiles its down GEMM without the PDL prologue and is launched plainly. The
+# single-token bucket (Mixtral's T = 1) differs in where gate/up releases the down GEMM: only
+# after its K loop (measured: Mixtral T = 1 70.6 us against 72.4 plain and 77 with the release
+# at the start).
 PDL_MIN_TOKENS = 1
 
 # The fewest tokens a call must have for its gate/up GEMM (the K-split CTA) to follow the align
 # kernel with PDL: its CTAs are resident while align runs and wait for it before reading
-# anything. Measured on the H200 (docs/PERF.md, "The gate/up GEMM under PDL after the align
-# kernel"), against the same kernels launched plainly: 0.5-2% faster at T = 2..40 on the three
-# example models; at T = 1 6% slower on DeepSeek-V2-Lite and even on Qwen3, but 1.5% faster in
-# Mixtral's single-token bucket, which follows from T = 1.
+# anything. Measured on the H200 (docs/DESIGN.md), against the same kernels launched plainly:
+# 0.5-2% faster at T = 2..40 on the three example models; at T = 1 6% slower on
+# DeepSeek-V2-Lite and even on Qwen3, but 1.5% faster in Mixtral's single-token bucket, which
+# follows from T = 1.
 GATE_UP_PDL_MIN_TOKENS = 2
 
 
@@ -75,8 +76,8 @@ def _driver_entry():
 
 
 def arch_has_pdl(arch: str) -> bool:
-    """Whether GPUs of `arch` launch with PDL (sm_90 and later)."""
-    return int(arch.removeprefix("sm_").rstrip("a")) >= 90
+    """Whether GPUs of `arch` launch with PDL (sm_90 and later: moegen.target)."""
+    return gpu_target(arch).pdl
 
 
 def supported(arch: str) -> bool:

@@ -18,8 +18,8 @@ from ...ir.ops.msd import DEFAULT_FACTORS
 from ...passes.pipelines import require_passes
 from ...passes.schedule import derived_schedule
 from ...schedule_model import CUBE, MODES, VEC, Action, Schedule
-from ...passes.tile import (MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE, msd_barrier_bytes,
-                            msd_shared_bytes)
+from ...passes.tiling.msd import (MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE,
+                                  msd_barrier_bytes, msd_shared_bytes)
 from ...render import render
 from ...resources import data_dir
 from ...spec import Spec, SpecError
@@ -170,7 +170,8 @@ def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, d
         "lowering": "msd", "default": spec.schedule, "tile": tile,
         "kernels": [{"name": f"msd_matmul_{x.mode}",
                      "grid": [-(-s.n // block_n), tile["split_k"], 1],
-                     "block": 32 * (tile["vec_warps"] + tile["cube_warps"]), "shared_bytes": smem(x), "slots": x.slots,
+                     "block": 32 * (tile["vec_warps"] + tile["cube_warps"]),
+                     "shared_bytes": smem(x), "slots": x.slots,
                      "flag_depths": {f["name"]: f["depth"] for f in flags if not f["meeting"]},
                      "flag_meetings": {f["name"]: {"unit": f["setter"],
                                                    "named_barrier": f["meeting"]}

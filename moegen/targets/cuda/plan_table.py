@@ -2,7 +2,7 @@
 token bucket runs, with its CTA, K split, copy ring, threads and launch."""
 from __future__ import annotations
 
-from ...passes.tile import WGMMA_ARCHS
+from ...passes.tiling.cta import WGMMA_ARCHS
 from .launch import arch_has_pdl
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from ...passes.pipelines import DEFAULT_PIPELINES, lower
-from ...passes.tile import SHARED_PER_CTA
+from ...passes.tiling.cta import SHARED_PER_CTA
 from ...quant import QuantizedWeight
 from ...resources import data_dir
 from ...spec import load_spec
 from . import workspace as shared_workspace
 from .device import (CudaUnavailable, activation_storage, as_activation, as_device, device_arch,
-                     get_cupy, is_torch, result_for, stream_for)
+                     device_gpu, get_cupy, is_torch, result_for, stream_for)
 from .emitter import HEADER_FILE, CudaProgram, emit_moe, max_blocks
 from .launch import NULL, launch_after_previous, supported as pdl_supported
 from .packing import PackedMoeWeights, pack_moe_weights
@@ -126,9 +126,11 @@ class MoeW4A16:
         if pipeline is None:
             passes = DEFAULT_PIPELINES[("moe_w4a16", "cuda")]
             pipeline = ",".join(p for p in passes if fuse_swiglu or p != "fuse-swiglu")
-        self.arch = arch or device_arch()
-        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning, arch=self.arch)
-        self.program = emit_moe(self.spec, module, pm.pipeline, self.arch)
+        self.gpu = device_gpu(arch)
+        self.arch = self.gpu.arch
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning, arch=self.arch,
+                              gpu=self.gpu)
+        self.program = emit_moe(self.spec, module, pm.pipeline, self.arch, self.gpu)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
         self.kernels = {k["name"]: load_kernel(cp, self.module, k["name"],
@@ -364,9 +366,10 @@ class MsdMatmul:
         if self.spec.pipeline != "msd_matmul":
             raise ValueError(f"MsdMatmul needs pipeline msd_matmul, the spec has "
                              f"{self.spec.pipeline}")
-        self.arch = arch or device_arch()
+        self.gpu = device_gpu(arch)
+        self.arch = self.gpu.arch
         module, _, pm = lower(self.spec, "cuda", pipeline, tuning=resolve_tuning(tuning),
-                              arch=self.arch)
+                              arch=self.arch, gpu=self.gpu)
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)

@@ -691,7 +691,8 @@ class MatmulImpl:
 
     @staticmethod
     def _nz(tensor, rows, cols, seq, name):
-        """An int4 NZ tile of `rows` (padded to 16) x `cols` (64-column fractals) as [rows, cols]."""
+        """An int4 NZ tile of `rows` (padded to 16) x `cols` (64-column fractals) as
+        [rows, cols]."""
         if tensor.dtype != "int4b_t":
             raise EmulationError(f"Matmul {name}: only int4 inputs are emulated")
         height = -(-rows // 16) * 16
