@@ -246,7 +246,11 @@ def cmd_compile(args) -> int:
     target = args.target or default_target(spec)
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise UsageError(f"-o {args.output}: a file; compile writes a folder of files there")
-    written = compile_spec(spec, target, args.output, args.pass_pipeline, _compile_tuning(args))
+    if args.headers and target != "cuda":
+        raise UsageError(f"--headers {args.headers}: the CUDA target's device headers; this "
+                         f"compile is for {target}")
+    written = compile_spec(spec, target, args.output, args.pass_pipeline, _compile_tuning(args),
+                           args.headers)
     for path in written:
         print(path)
     return 0
@@ -358,6 +362,10 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", choices=("cuda", "ascend"),
                    help="target (default: the spec's first)")
     s.add_argument("-o", "--output", required=True, metavar="DIR", help="output folder")
+    s.add_argument("--headers", metavar="DIR",
+                   help="CUDA: write the device headers (moegen_w4a16.cuh and its include tree "
+                        "moegen/) here instead of into the output folder, for sources that share "
+                        "one copy (compile them with -I DIR)")
     s.add_argument("--pass-pipeline", metavar="PIPELINE", help="passes instead of the default")
     s.add_argument("--tuning-db", metavar="PATH",
                    help="use this tuning database (default: $MOEGEN_TUNING_DB; compile uses "

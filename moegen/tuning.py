@@ -58,11 +58,13 @@ class Device:
 
 
 def kernel_sources() -> str:
-    """Hash of the CUDA templates and device header the kernels are rendered from."""
+    """Hash of the CUDA templates and device headers (the include tree too) the kernels are
+    rendered from."""
     from .resources import data_dir
+    root = data_dir("templates") / "cuda"
     digest = hashlib.sha256()
-    for path in sorted((data_dir("templates") / "cuda").iterdir()):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

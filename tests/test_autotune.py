@@ -51,6 +51,19 @@ def test_key_tracks_the_kernel_templates(monkeypatch):
     assert tdb.entry_key(QWEN, H200) != before
 
 
+def test_kernel_sources_cover_the_header_tree(tmp_path, monkeypatch):
+    """An edit to any file of the device headers' include tree changes the templates' hash."""
+    import shutil
+
+    import moegen.resources
+    shutil.copytree(ROOT / "templates", tmp_path / "templates")
+    monkeypatch.setattr(moegen.resources, "data_dir", lambda name: tmp_path / name)
+    before = tdb.kernel_sources()
+    sync = tmp_path / "templates" / "cuda" / "moegen" / "sync.cuh"
+    sync.write_text(sync.read_text() + "\n// one more line\n")
+    assert tdb.kernel_sources() != before
+
+
 def test_atomic_write_survives_a_crash(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     db = tdb.TuningDB(path)
@@ -627,7 +640,7 @@ def test_short_msd_autotune_on_the_gpu(tmp_path):
 
 
 def test_kernel_cache_key_covers_the_included_header():
-    """CuPy's disk cache keys on the code it is given: the header's hash must be in that code."""
+    """CuPy's disk cache keys on the code it is given: the headers' hash must be in that code."""
     import dataclasses
 
     from moegen.targets.cuda.emitter import emit_moe
@@ -636,6 +649,7 @@ def test_kernel_cache_key_covers_the_included_header():
     program = emit_moe(QWEN, module, pm.pipeline, "sm_90")
     code = module_source(program)
     assert code.endswith(program.source) and code.startswith("// moegen_w4a16.cuh sha256 ")
-    changed = dataclasses.replace(program, header=program.header + "\n// one more line\n")
-    assert module_source(changed) != code
+    for name in program.headers:               # the umbrella header and each of its tree
+        headers = {**program.headers, name: program.headers[name] + "\n// one more line\n"}
+        assert module_source(dataclasses.replace(program, headers=headers)) != code, name
     assert module_source(dataclasses.replace(program)) == code      # same inputs, same key

@@ -82,6 +82,22 @@ def test_a_pipeline_without_the_passes_a_target_reads(tmp_path, example, target,
     assert not (tmp_path / "out").exists()
 
 
+def test_compile_with_shared_headers(tmp_path):
+    """--headers DIR: the device header and its include tree go to DIR, the rest to -o; two
+    specs share one copy; on the Ascend target one line, exit 2."""
+    for name in ("qwen3-30b-a3b", "msd-seed"):
+        run_moegen("compile", ROOT / "examples" / f"{name}.yaml", "--target", "cuda", "-o",
+                   tmp_path / name, "--headers", tmp_path / "include", check=True)
+        assert (tmp_path / name / f"{name}.cu").is_file()
+        assert not list((tmp_path / name).rglob("*.cuh"))
+    assert (tmp_path / "include" / "moegen_w4a16.cuh").is_file()
+    assert (tmp_path / "include" / "moegen" / "gemm_ksplit.cuh").is_file()
+    proc = run_moegen("compile", ROOT / "examples" / "msd-seed.yaml", "--target", "ascend",
+                      "-o", tmp_path / "asc", "--headers", tmp_path / "include")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--headers" in proc.stderr and "ascend" in proc.stderr
+
+
 def test_compile_into_a_file_is_one_line_exit_2(tmp_path):
     """-o naming a file, or a folder under a file: one line naming the path, nothing written."""
     spec = ROOT / "examples" / "moe-seed.yaml"

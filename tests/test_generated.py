@@ -14,6 +14,7 @@ import moegen
 from moegen.target import CUDA_ARCHS
 from moegen.passes.manager import PipelineError
 from moegen.targets.compile import emit
+from moegen.targets.cuda.emitter import device_headers
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from conftest import ROOT
 
@@ -22,16 +23,35 @@ CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"
                  "qwen3-30b-a3b-awq", "mixtral-8x7b-gptq", "msd-seed"]
 
 
+INCLUDE = GENERATED / "cuda" / "include"      # the examples' one copy of the device headers
+
+
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)
 def test_generated_is_up_to_date(name):
     spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
     files = emit(spec, "cuda")
+    headers = device_headers()
     folder = GENERATED / "cuda" / name
     on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    assert on_disk == set(files), "generated/ holds other files than moegen compile writes"
+    assert on_disk == set(files) - set(headers), \
+        "generated/ holds other files than moegen compile --headers writes"
     for rel, text in files.items():
-        assert (folder / rel).read_text() == text, (
-            f"generated/cuda/{name}/{rel} is stale: regenerate (see generated/README.md)")
+        where = INCLUDE if rel in headers else folder
+        assert (where / rel).read_text() == text, (
+            f"{(where / rel).relative_to(ROOT)} is stale: regenerate (see generated/README.md)")
+
+
+def test_generated_keeps_one_copy_of_the_headers():
+    """generated/cuda/include holds the device header and its include tree, once for every
+    example, and nothing else; the examples' folders hold none."""
+    on_disk = {p.relative_to(INCLUDE).as_posix() for p in INCLUDE.rglob("*") if p.is_file()}
+    assert on_disk == set(device_headers())
+    assert not [p for p in (GENERATED / "cuda").rglob("*.cuh")
+                if INCLUDE not in p.parents]
+    tree = device_headers()
+    umbrella = tree["moegen_w4a16.cuh"]
+    assert {f"moegen/{m}" for m in re.findall(r'#include "moegen/(\w+\.cuh)"', umbrella)} == \
+        set(tree) - {"moegen_w4a16.cuh"}
 
 
 def test_output_is_reproducible():
@@ -163,8 +183,9 @@ def call_args(body: str, fn: str) -> dict:
 
 
 def nvcc_build(source, out_dir, arch="sm_90", werror=True) -> str:
-    """nvcc -cubin with ptxas statistics; asserts it builds and returns the log."""
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+    """nvcc -cubin with ptxas statistics (the device headers beside the source, else in
+    generated/cuda/include); asserts it builds and returns the log."""
+    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{INCLUDE}",
            *(["-Werror", "all-warnings"] if werror else []), str(source),
            "-o", str(out_dir / "k.cubin")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -195,8 +216,10 @@ def cuda_moe_spec(name, hidden, inter, experts, top_k, renormalize=None):
 
 
 def write_emitted(files: dict, stem: str, out_dir) -> object:
-    """The .cu of `files` (as `emit` returns them) and its header into out_dir; the .cu path."""
-    (out_dir / "moegen_w4a16.cuh").write_text(files["moegen_w4a16.cuh"])
+    """The .cu of `files` (as `emit` returns them) and its headers into out_dir; the .cu path."""
+    for rel in device_headers():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out_dir / rel).write_text(files[rel])
     src = out_dir / f"{stem}.cu"
     src.write_text(files[f"{stem}.cu"])
     return src
@@ -588,7 +611,7 @@ def test_named_template_arguments_match_the_header():
     """Each GEMM call's template arguments carry their parameter's name (/*NAME=*/value): the
     names of every call in the examples' sources, and of the dequant lowering's, are the
     header's parameters of that function, in its order."""
-    header = (ROOT / "templates" / "cuda" / "moegen_w4a16.cuh").read_text()
+    header = "".join(device_headers().values())
     params = {name: re.findall(r"(?:int|bool) (\w+)", plist)
               for plist, name in re.findall(r"template <([^>]*)>\s*__device__ __forceinline__ "
                                             r"void (grouped_gemm\w*)\(", header)}
@@ -619,6 +642,6 @@ def test_sources_read_in_100_columns(name):
 
 
 def test_the_device_header_reads_in_100_columns():
-    """The device header the MoE and MSD kernels include: no line passes 100 columns."""
-    header = (ROOT / "templates" / "cuda" / "moegen_w4a16.cuh").read_text()
-    assert max(map(len, header.splitlines())) <= 100
+    """The device headers the MoE and MSD kernels include: no line passes 100 columns."""
+    for name, header in device_headers().items():
+        assert max(map(len, header.splitlines())) <= 100, name

@@ -14,7 +14,7 @@ from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
 from moegen.passes.tiling.moe_buckets import single_token_bucket
 from moegen.passes.tiling.msd import MSD_CTAS_PER_SM
 from moegen.target import CUDA_ARCHS, gpu_target
-from moegen.targets.cuda.emitter import emit_moe
+from moegen.targets.cuda.emitter import device_headers, emit_moe
 from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
 
@@ -797,12 +797,11 @@ def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
 
 def test_ring_sizes_follow_the_kernels_stage_layout():
     """The tile pass sizes the GEMM rings (gemm_stages, wide_stages) with the stage layout of
-    templates/cuda/moegen_w4a16.cuh: a group's staged scales (SCALE_STAGE_BYTES) and the 16 bytes
+    the device headers: a group's staged scales (SCALE_STAGE_BYTES) and the 16 bytes
     after each staged activation row. A change to either side alone would size shared memory
     for another kernel."""
     from moegen.passes.tiling.cta import RING_ROW_PAD, SCALE_BYTES
-    from moegen.resources import data_dir
-    header = (data_dir("templates") / "cuda" / "moegen_w4a16.cuh").read_text()
+    header = "".join(device_headers().values())
     assert int(re.search(r"constexpr int SCALE_STAGE_BYTES = (\d+);", header).group(1)) == SCALE_BYTES
     pads = re.findall(r"A_ROW = 32 \* KS \+ (\d+);", header)
     assert len(pads) == 2 and {int(p) for p in pads} == {RING_ROW_PAD}

@@ -50,11 +50,18 @@ def emit(spec: Spec, target: str, pipeline: str | None = None, tuning=None) -> d
 
 
 def compile_spec(spec: Spec, target: str, out_dir: str | Path,
-                 pipeline: str | None = None, tuning=None) -> list[Path]:
+                 pipeline: str | None = None, tuning=None,
+                 headers_dir: str | Path | None = None) -> list[Path]:
+    """Write everything `emit` makes into out_dir; CUDA: the device headers into `headers_dir`
+    instead where given (several specs' sources sharing one copy, compiled with -I there)."""
     out = Path(out_dir)
+    headers = set()
+    if target == "cuda" and headers_dir is not None:
+        from .cuda.emitter import device_headers
+        headers = set(device_headers())
     written = []
     for rel, text in emit(spec, target, pipeline, tuning).items():
-        path = out / rel
+        path = (Path(headers_dir) if rel in headers else out) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)

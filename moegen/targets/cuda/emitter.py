@@ -25,7 +25,8 @@ from ...target import GpuTarget, gpu_target
 from .launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from .template_args import template_args
 
-HEADER_FILE = "moegen_w4a16.cuh"
+HEADER_FILE = "moegen_w4a16.cuh"    # the device header the generated .cu includes
+HEADER_DIR = "moegen"                # and its include tree, beside it
 ROUTER_WARPS = 4
 ALIGN_THREADS = 32 * ALIGN_WARPS
 
@@ -55,15 +56,30 @@ class GemmPlan:
     variants: list[dict] = field(default_factory=list)
 
 
+def device_headers() -> dict[str, str]:
+    """The device header and its include tree (path relative to the .cu -> text): HEADER_FILE
+    includes moegen/<job>.cuh (types, copy, sync, ring, mma, dequant, reduce, each GEMM form,
+    msd)."""
+    root = data_dir("templates") / "cuda"
+    tree = sorted((root / HEADER_DIR).glob("*.cuh"))
+    return {HEADER_FILE: (root / HEADER_FILE).read_text(),
+            **{f"{HEADER_DIR}/{p.name}": p.read_text() for p in tree}}
+
+
 @dataclass
 class CudaProgram:
     source: str
-    header: str
+    headers: dict[str, str]     # device_headers()
     plan: dict
     ir: str
 
+    @property
+    def header_text(self) -> str:
+        """Every header the source includes, in one text (what a compile cache must key on)."""
+        return "".join(f"// {name}\n{text}" for name, text in sorted(self.headers.items()))
+
     def files(self, stem: str) -> dict[str, str]:
-        return {f"{stem}.cu": self.source, HEADER_FILE: self.header,
+        return {f"{stem}.cu": self.source, **self.headers,
                 f"{stem}.launch.json": json.dumps(self.plan, indent=2) + "\n"}
 
 
@@ -236,7 +252,6 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
                     gemm_route=gemm_route, bf16=spec.dtype == "bfloat16", zero_points=zeros,
                     act_order=act_order)
-    device_header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
 
     workspace, state = _workspace(spec, module, gemms, summed)
     first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
@@ -297,4 +312,4 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
         "workspace": workspace,
         "state": state,
     }
-    return CudaProgram(source=source, header=device_header, plan=plan, ir=str(module))
+    return CudaProgram(source=source, headers=device_headers(), plan=plan, ir=str(module))

@@ -4,7 +4,7 @@ A kernel launched with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SER
 start while the kernel before it in the stream is still running: its CTAs are scheduled once
 every CTA of that kernel has executed `griddepcontrol.launch_dependents` (or exited), and they
 see that kernel's writes only after `griddepcontrol.wait` (`moegen::release_dependents` and
-`moegen::wait_for_previous_kernel` in templates/cuda/moegen_w4a16.cuh). The MoE layer launches
+`moegen::wait_for_previous_kernel` in templates/cuda/moegen/sync.cuh). The MoE layer launches
 its down GEMM (the K-split CTA) this way: its CTAs fill the SMs that the gate/up GEMM's last
 wave leaves free and stream their first weight stages, which do not depend on gate/up, before
 they wait. Its gate/up GEMM (the K-split CTA) follows the align kernel so: resident while align

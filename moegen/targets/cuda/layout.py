@@ -8,8 +8,8 @@ For a weight q [E, K, N] (int4 values in [-8, 7]) with scales [E, K/G, N]:
   fragment of the 16 columns 16 t .. 16 t + 15 (the weights are the A operand, rows = columns
   of the output, the block's activation rows the B operand): with r = l / 4 and
   k = 2 (l % 4), nibble i is column 16 t + r + 8 (i % 2), k offset k + i // 4 + 8 ((i % 4) // 2),
-  stored as q + 8 (so `dequant8` in moegen_w4a16.cuh unpacks the four A registers, two
-  values per lop3);
+  stored as q + 8 (so `dequant8` in templates/cuda/moegen/dequant.cuh unpacks the four A
+  registers, two values per lop3);
 - scales [E, K/G, N/64, 8, 8] in the activations' type (fp16 or bf16): [.., n, j] is the scale
   of column 8 j + n, so lane l reads the scales of its eight columns 8 j + l / 4 in one 16-byte
   load; zero points (asymmetric int4) the same, z - 8 in the activations' type;

@@ -21,10 +21,9 @@ from ...schedule_model import CUBE, MODES, VEC, Action, Schedule
 from ...passes.tiling.msd import (MSD_MAX_BARRIERS, MSD_MAX_SLOTS, MSD_SHARED_LINE,
                                   msd_barrier_bytes, msd_shared_bytes)
 from ...render import render
-from ...resources import data_dir
 from ...spec import Spec, SpecError
 from ..header import file_header
-from .emitter import HEADER_FILE, CudaProgram
+from .emitter import CudaProgram, device_headers
 from .template_args import template_args
 
 STAGE_CALL = {
@@ -120,12 +119,11 @@ def emit_msd(spec: Spec, module: Module, pipeline: str, arch: str | None = None)
     require_passes(spec.pipeline, "cuda", pipeline, [] if "tile" in loop.attrs else ["tile"])
     tile = loop.attrs["tile"]
     arch = arch or spec.cuda_arch
-    header = (data_dir("templates") / "cuda" / HEADER_FILE).read_text()
     if spec.lowering == "dequant":
         source, plan = _dequant(spec, tile, pipeline, arch)
     else:
         source, plan = _msd(spec, loop, tile, pipeline, arch)
-    return CudaProgram(source=source, header=header, plan=plan, ir=str(module))
+    return CudaProgram(source=source, headers=device_headers(), plan=plan, ir=str(module))
 
 
 def _msd(spec: Spec, loop, tile: dict, pipeline: str, arch: str) -> tuple[str, dict]:

@@ -42,10 +42,10 @@ def resolve_tuning(tuning):
 
 
 def module_source(program: CudaProgram) -> str:
-    """The code handed to NVRTC: the program's source with the hash of the device header it
+    """The code handed to NVRTC: the program's source with the hash of the device headers it
     includes on its first line. CuPy's on-disk kernel cache keys on the code and options only,
     not on included files, so without this line a changed header would load a stale binary."""
-    digest = hashlib.sha256(program.header.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(program.header_text.encode()).hexdigest()[:16]
     return f"// {HEADER_FILE} sha256 {digest}\n{program.source}"
 
 
