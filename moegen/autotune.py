@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from .build import MOE_BLOCK_CHOICES
 from .spec import Spec, load_spec
 from .target import GpuTarget, gpu_target
+from .tile_model import GemmTile
 from .tuning import Device, TuningDB
 
 # --- the config space ------------------------------------------------------------------------
@@ -270,16 +271,14 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
     up, down = gemms[False], gemms[True]
     buckets = up.attrs["block_buckets"]
     i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
-    tile = up.attrs["tile"]
-    cols = tile["col_tiles"][i]
+    t, d = (GemmTile.per_bucket(g.attrs["tile"])[i] for g in (up, down))
+    wide = t.col_tiles > 1
     # (a split the device may double per call counts as the bucket's own: split_many)
-    return MoeConfig(up.attrs["block_buckets"][i][1], tile["split_many"][i], tile["stages"][i],
-                     down.attrs["tile"]["split_many"][i], tile["block_k"][i],
-                     GEMM_TILE["warps"] if cols > 1 else tile["warps"][i], cols,
-                     tile["warp_rows"][i] if cols > 1 else MoeConfig.warp_rows,
-                     int(tile["wgmma"][i]) if cols > 1 else MoeConfig.wgmma,
-                     int(cols > 1 and any(g.attrs["tile"]["ctas_per_sm"][i] > 0
-                                          for g in (up, down))))
+    return MoeConfig(up.attrs["block_buckets"][i][1], t.split_many, t.stages, d.split_many,
+                     t.block_k, GEMM_TILE["warps"] if wide else t.warps, t.col_tiles,
+                     t.warp_rows if wide else MoeConfig.warp_rows,
+                     int(t.wgmma) if wide else MoeConfig.wgmma,
+                     int(wide and (t.ctas_per_sm > 0 or d.ctas_per_sm > 0)))
 
 
 def same_tile(a: MoeConfig, b: MoeConfig, gpu: GpuTarget) -> bool:

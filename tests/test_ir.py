@@ -4,7 +4,7 @@ import pytest
 import moegen
 from moegen.ir import Dim, DimError, ParseError, VerifyError, parse, parse_type
 from moegen.resources import pipeline_file
-from conftest import EXAMPLES
+from conftest import EXAMPLES, ROOT
 
 MOE_TEXT = pipeline_file("moe_w4a16").read_text()
 MSD_TEXT = pipeline_file("msd_matmul").read_text()
@@ -248,3 +248,26 @@ def test_built_module_carries_its_spec():
         again = spec_of(parse(str(moegen.build(spec))))
         assert again == spec and again.hash == spec.hash
     assert spec_of(parse(MOE_TEXT)) is None
+
+
+def test_a_grouped_gemm_tile_is_verified():
+    """The tile pass's tile of a grouped GEMM (moegen.tile_model.GemmTile, a list a field)
+    verifies when parsed back; a field left out, a bucket too few or a split_many above its
+    split_k is one error naming the attribute."""
+    import re
+
+    from moegen.passes.pipelines import lower
+    spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    text = str(lower(spec, "cuda", "fuse-align,fuse-swiglu,tile", tuning=None)[0])
+    parse(text).verify()
+    split_many = re.search(r"split_many = \[(\d+)", text)
+    for edit, says in (
+            (lambda t: re.sub(r", tall = \[[^\]]*\]", "", t, count=1), "tile lacks tall"),
+            (lambda t: re.sub(r"stages = \[(\d+), ", r"stages = [", t, count=1),
+             "tile fields have"),
+            (lambda t: t.replace(split_many.group(0), "split_many = [64", 1),
+             "split_many <= split_k")):
+        bad = edit(text)
+        assert bad != text
+        with pytest.raises(VerifyError, match=f"moe.grouped_gemm_w4a16: attribute .*{says}"):
+            parse(bad).verify()

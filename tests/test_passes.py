@@ -744,6 +744,10 @@ def test_prefill_split_options():
     ([[8192, 32, 1, 4, 1, 32, 4, 4, 32, 1, 2]], "has wide_decode 2: must be one of 0, 1"),
     ([[64, 8, 1], [32, 8, 1], [8192, 8, 1]], "the bucket up to T = 32: bucket ends must be "
                                              "integers that ascend"),
+    ([[8192, 8]], "the bucket up to T = 8192 has 2 values: must be 3 to 11 (edge, moe_block, "
+                  "split_k, stages, split_k_down, block_k, warps, col_tiles, warp_rows, wgmma, "
+                  "wide_decode)"),
+    ([[8192, 32, 1, 4, 1, 32, 4, 4, 32, 1, 0, 7]], "has 12 values: must be 3 to 11"),
 ])
 def test_a_hand_edited_tuning_entry_fails_naming_the_field(buckets, message):
     """A tuning entry is a file people may edit: each field must take a value its option

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..core import Attr, Op
 from ..types import Dim
+from ...tile_model import GemmTile
 
 
 def _block_attr_ok(op: Op) -> None:
@@ -22,6 +23,27 @@ def _block_attr_ok(op: Op) -> None:
         if isinstance(block, int):
             op.check(all(1 <= b[1] <= block for b in buckets),
                      f"every bucket's block must be in [1, block = {block}]")
+
+
+def _gemm_tile_ok(op: Op) -> None:
+    """A grouped GEMM's tile (the tile pass's): every GemmTile field, one entry a bucket."""
+    tile = op.attrs.get("tile")
+    if tile is None:
+        return
+    try:
+        tiles = GemmTile.per_bucket(tile)
+    except ValueError as exc:
+        op.check(False, f"attribute {exc}")
+        return
+    buckets = op.attrs.get("block_buckets")
+    op.check(buckets is not None and len(tiles) == len(buckets),
+             f"attribute tile has {len(tiles)} buckets, block_buckets "
+             f"{'none' if buckets is None else len(buckets)}")
+    for t in tiles:
+        op.check(t.split_many <= t.split_k and t.col_tiles >= 1 and t.warps >= 1
+                 and t.stages >= 1 and t.split_k >= 1,
+                 f"attribute tile: a bucket's {t} must have positive warps, stages, column "
+                 f"tiles and split_k, split_many <= split_k")
 
 
 TILE_ATTRS = {"block_buckets": Attr("any", None, choice=True),
@@ -201,6 +223,7 @@ class GroupedGemmW4A16Op(Op):
         wf = self.tensor(self.operands[6], "weights_flat", "f32", 1)
         self.same_dim(wf.shape[0], sorted_rows, "weights_flat must lie beside sorted_ids")
         _block_attr_ok(self)
+        _gemm_tile_ok(self)
         epi = self.attr("epilogue")
         self.check(epi in EPILOGUES, f"attribute epilogue = {epi!r} must be one of {EPILOGUES}")
         self.check(not (epi == "swiglu" and self.attr("mul_topk_weights")),

@@ -3,6 +3,7 @@ CTA, the wide CTA, or the tall tile) and its K split. TilePass (tile.py) mixes t
 from __future__ import annotations
 
 from ...build import TALL_BLOCK
+from ...tile_model import GemmTile, TunedBucket
 from ..base import PipelineError
 from .cta import (DECODE_CTA_STEPS, GEMM_TILE, TALL_TILE, WGMMA_TILE, WIDE_BLOCKS, WIDE_COL_TILES,
                   WIDE_TILE, decode_split_k, doubled_split, gemm_stages, one_token_routing_bytes,
@@ -16,17 +17,16 @@ from .msd import fit_warps
 class GemmTiling:
 
     def _gemm_tile(self, spec, k_dim: int, n: int, down: bool, buckets: list,
-                   tuned_buckets: list | None) -> dict:
+                   tuned_buckets: list[TunedBucket] | None) -> dict:
         """The tile attribute of one grouped GEMM: block_n, then per bucket block_k, warps,
         ring stages and split-K (options first, then a tuning entry, then the defaults), and the
         CTA each bucket runs (_bucket_cta)."""
-        # a tuning entry's bucket: [edge, block, split, stages, split of the down GEMM,
-        # block_k, warps]; older entries stop after the split of the down GEMM
         tuned = tuned_buckets or [None] * len(buckets)
         pick = self._pick
         single = starts_with_single_token_bucket(buckets)
-        block_k = [pick("block-k", b, 5, GEMM_TILE["block_k"]) for b in tuned]
-        warps = [fit_warps(k_dim, pick("warps", b, 6, SINGLE_TOKEN_WARPS if single and i == 0
+        block_k = [pick("block-k", b, "block_k", GEMM_TILE["block_k"]) for b in tuned]
+        warps = [fit_warps(k_dim, pick("warps", b, "warps",
+                                       SINGLE_TOKEN_WARPS if single and i == 0
                                        else GEMM_TILE["warps"]))
                  for i, b in enumerate(tuned)]
         # (a tall-tile bucket takes k a stage, warps and the whole K of its own: _bucket_cta)
@@ -41,7 +41,7 @@ class GemmTiling:
         names = [self._split_name("prefill-split-k" if edge > DECODE_MAX_TOKENS else "split-k",
                                   down) for edge, _ in buckets]
         asked = [self.option(name) for name in names]
-        most = [pick("stages", b, 3, GEMM_TILE["stages"]) for b in tuned]
+        most = [pick("stages", b, "stages", GEMM_TILE["stages"]) for b in tuned]
         # (the first bucket's K-split CTA may hold one token's routing besides its rings; where
         # that would cost its rings stages, the calls of up to its edge would lose more than the
         # one token gains: the routing stays with align, unless route-in-gemm=1 asks)
@@ -55,7 +55,8 @@ class GemmTiling:
             stages[0] = plain
             self._routing_costs_stages = True
         if tuned_buckets:
-            splits = [b[4] if down and len(b) > 4 else b[2] for b in tuned_buckets]
+            splits = [b.split_k_down if down and b.split_k_down is not None else b.split_k
+                      for b in tuned_buckets]
         else:
             # each decode bucket's split is sized for its smallest call; the bucket after the
             # single-token one keeps the split sized for one token that it had before there was
@@ -81,24 +82,22 @@ class GemmTiling:
                                     f"over {w} warps of {bk}-deep stages")
             raise PipelineError(f"tile{{{name}={sp}}}: K = {k_dim} does not split into {sp} x "
                                 f"{w} warps of {bk}-deep stages")
-        ctas = [self._bucket_cta(spec, k_dim, n, buckets, i, b, asked[i], names[i],
-                                 {"block_k": block_k[i], "warps": warps[i], "stages": stages[i],
-                                  "split_k": splits[i]})
-                for i, b in enumerate(tuned)]
-        return {"block_n": GEMM_TILE["block_n"],
-                **{key: [c[key] for c in ctas] for key in (
-                    "block_k", "warps", "stages", "split_k", "col_tiles", "warp_rows", "wgmma",
-                    "ctas_per_sm", "split_many", "tall")}}
+        tiles = [GemmTile(**self._bucket_cta(spec, k_dim, n, buckets, i, b, asked[i], names[i],
+                                             {"block_k": block_k[i], "warps": warps[i],
+                                              "stages": stages[i], "split_k": splits[i]}))
+                 for i, b in enumerate(tuned)]
+        return GemmTile.attr(tiles, GEMM_TILE["block_n"])
 
-    def _bucket_cta(self, spec, k_dim: int, n: int, buckets: list, i: int, b: list | None,
-                    split: int | None, split_name: str, ksplit: dict) -> dict:
+    def _bucket_cta(self, spec, k_dim: int, n: int, buckets: list, i: int,
+                    b: TunedBucket | None, split: int | None, split_name: str,
+                    ksplit: dict) -> dict:
         """The CTA bucket i runs and its tile: the tall tile (block TALL_BLOCK), the wide CTA
         (col_tiles > 1: its warps tile columns and rows, one ring for the CTA; at prefill sizes
         over the whole K, in a decode bucket split over K), or the K-split CTA of `ksplit`
-        (block_k, warps, stages, split_k). `b`: the bucket's tuning entry, which may add
-        col_tiles and warp_rows at index 7 and 8 (and then its block_k and stages are the wide
-        CTA's), wgmma at 9 and wide_decode at 10 (the wide CTA as the default builds a decode
-        bucket's: registers capped, its split doubled for calls to pick from); `split`: the
+        (block_k, warps, stages, split_k); GemmTile's fields. `b`: the bucket's tuning entry,
+        which may give col_tiles and warp_rows (and then its block_k and stages are the wide
+        CTA's), wgmma and wide_decode (the wide CTA as the default builds a decode bucket's:
+        registers capped, its split doubled for calls to pick from); `split`: the
         value of the bucket's split option, named `split_name` (split-k in decode buckets,
         prefill-split-k in prefill buckets, or their -down forms)."""
         edge, block = buckets[i]
@@ -117,23 +116,23 @@ class GemmTiling:
             # stages=N or the entry's is the most, as for the other tiles: fewer where the
             # shared memory would not hold them, and 3 at least
             bk = tall_block_k(group)
-            stages = tall_stages(self._pick("stages", b, 3, TALL_TILE["stages"]), bk, self.gpu,
-                                 not spec.quant.symmetric)
+            stages = tall_stages(self._pick("stages", b, "stages", TALL_TILE["stages"]), bk,
+                                 self.gpu, not spec.quant.symmetric)
             return {**cta, "col_tiles": TALL_TILE["col_tiles"],
                     "warp_rows": TALL_TILE["warp_rows"], "block_k": bk, "stages": stages,
                     "warps": TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"],
                     "wgmma": True}
         fixed = self.option("moe-block")
-        wide = b is not None and len(b) > 7
+        wide = b is not None and b.col_tiles is not None
         # (an entry without col_tiles was measured with the K-split CTA)
-        cols = self._pick("wide-cols", b, 7, WIDE_COL_TILES if b is None else 1) or 1
-        rows = min(block, self._pick("warp-rows", b, 8, WIDE_TILE["warp_rows"]))   # (wide CTA)
+        cols = self._pick("wide-cols", b, "col_tiles", WIDE_COL_TILES if b is None else 1) or 1
+        rows = min(block, self._pick("warp-rows", b, "warp_rows", WIDE_TILE["warp_rows"]))
         # the wide CTA split over K: a tuning entry's in a decode bucket (or split, or marked
         # wide_decode), or the default of a decode bucket whose experts pass WIDE_DECODE_SLOTS
         # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
         # leave the SMs short (prefill_fill; the split sized for its smallest call), or a
         # prefill bucket's as prefill-split-k asks
-        wide_decode = wide and len(b) > 10 and bool(b[10])
+        wide_decode = wide and bool(b.wide_decode)
         prefill = edge > DECODE_MAX_TOKENS
         prefill_fill = (b is None and not fixed and not split and prefill
                         and cols > 1 and prefill_short(spec, self.gpu, edge, block, ntiles, cols,
@@ -178,15 +177,15 @@ class GemmTiling:
             cols = 1
         if cols == 1:
             return cta
-        bk = self.option("block-k") or (b[5] if wide else WIDE_TILE["block_k"])
+        bk = self.option("block-k") or (b.block_k if wide else WIDE_TILE["block_k"])
         if (k_dim // 16) % (bk // 16) or group % bk:
             raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                 f"{group}, is not a whole number of {bk}-deep stages")
         stages = wide_stages(block, cols, self.option("stages") or (
-            b[3] if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
+            b.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
         # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
         # measured on mma.sync)
-        wg = bool(self._pick("wgmma", b, 9, WGMMA_TILE["wgmma"] if b is None else 0))
+        wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"] if b is None else 0))
         return {**cta, "col_tiles": cols, "warp_rows": rows, "block_k": bk,
                 "warps": cols * block // rows, "stages": stages,
                 "ctas_per_sm": ctas if split_wide else 0,

@@ -8,6 +8,7 @@ from ...ir import Module
 from ..base import Context, PipelineError
 from .cta import (ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFILL_SPLITS, ROUTE_ALIGN_MAX_TOKENS,
                   ROUTE_ALIGN_SLOTS)
+from ...tile_model import TunedBucket
 from .moe_buckets import moe_buckets
 
 
@@ -46,6 +47,7 @@ class MoeTiling:
             self.option(name) is None
             for name in ("block-k", "wide-cols", "warp-rows", *PREFILL_SPLITS)) and \
             self.option("wgmma") != 0
+        # (a database bucket is a list: its edge and block first, TunedBucket's fields in order)
         buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
                    else moe_buckets(spec, self.gpu, fixed, tall))
         for op in module.function().walk():
@@ -73,7 +75,8 @@ class MoeTiling:
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 down = bool(op.attr("mul_topk_weights"))
-                op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, tuned_buckets)
+                typed = [TunedBucket.of(b) for b in tuned_buckets] if tuned_buckets else None
+                op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, typed)
         self._first_bucket_routes(module)
 
     def _first_bucket_routes(self, module: Module) -> None:
@@ -110,6 +113,10 @@ class MoeTiling:
         edge = 0
         for b in tuned_buckets:
             where = f"tuning entry: the bucket up to T = {b[0]}"
+            names = TunedBucket._fields
+            if not 3 <= len(b) <= len(names):
+                raise PipelineError(f"{where} has {len(b)} values: must be 3 to {len(names)} "
+                                    f"({', '.join(names)})")
             if not (type(b[0]) is int and b[0] > edge):
                 raise PipelineError(f"{where}: bucket ends must be integers that ascend")
             edge = b[0]
@@ -159,12 +166,13 @@ class MoeTiling:
                                 f"{GEMM_ROUTE_MAX_TOPK} (a lane of one warp routes each slot)")
         return top_k <= GEMM_ROUTE_MAX_TOPK if asked is None else bool(asked)
 
-    def _pick(self, option: str, b: list | None, index: int, default):
-        """The option's value, else a tuning entry bucket's at `index` (where it has one), else
-        the default."""
+    def _pick(self, option: str, b: TunedBucket | None, field: str, default):
+        """The option's value, else a tuning entry bucket's `field` (where it has one), else the
+        default."""
         if self.option(option) is not None:
             return self.option(option)
-        return b[index] if b is not None and len(b) > index else default
+        value = None if b is None else getattr(b, field)
+        return default if value is None else value
 
     def _split_name(self, name: str, down: bool) -> str:
         """The split option a GEMM takes: the down GEMM's own (`name`-down) where given."""

@@ -22,6 +22,7 @@ from ...render import render
 from ...resources import data_dir
 from ...spec import Spec
 from ...target import GpuTarget, gpu_target
+from ...tile_model import GemmTile
 from .launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from .template_args import template_args
 
@@ -108,11 +109,10 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
             mul_weights=bool(op.attr("mul_topk_weights")))
         buckets = op.attrs["block_buckets"]
         single = starts_with_single_token_bucket(buckets)
-        per_bucket = zip(buckets, tile["split_k"], tile["stages"], tile["warps"], tile["block_k"],
-                         tile["col_tiles"], tile["warp_rows"], tile["wgmma"], tile["ctas_per_sm"],
-                         tile["split_many"], tile["tall"])
-        for i, ((edge, block), split, stages, warps, block_k, cols, rows, wg, ctas,
-                many, tall) in enumerate(per_bucket):
+        for i, ((edge, block), t) in enumerate(zip(buckets, GemmTile.per_bucket(tile))):
+            split, stages, warps, block_k = t.split_k, t.stages, t.warps, t.block_k
+            cols, rows, wg, ctas, many, tall = (t.col_tiles, t.warp_rows, t.wgmma,
+                                                t.ctas_per_sm, t.split_many, t.tall)
             one_token = single and i == 0
             # the down GEMM's K-split CTA: launched with programmatic dependent launch where
             # the GPU has it (sm_90 and later), in calls of PDL_MIN_TOKENS tokens or more, and
