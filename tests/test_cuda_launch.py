@@ -34,8 +34,11 @@ def test_kernel_arguments_convert_by_type():
     assert isinstance(arg, ctypes.c_int32) and arg.value == -7
     arg = launch.kernel_argument(np.float32(0.5))
     assert isinstance(arg, ctypes.c_float) and arg.value == 0.5
-    for bad in (7, 0.5, np.int64(7), "x"):
-        with pytest.raises(TypeError, match="not a device array, np.int32 or np.float32"):
+    arg = launch.kernel_argument(launch.NULL)        # an optional array left out
+    assert isinstance(arg, ctypes.c_void_p) and not arg.value
+    for bad in (7, 0.5, np.int64(7), np.uint64(3), "x"):
+        with pytest.raises(TypeError, match="is not a device array, NULL, np.int32 or "
+                                            "np.float32"):
             launch.kernel_argument(bad)
 
 

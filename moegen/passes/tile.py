@@ -28,7 +28,7 @@ MoE (`moe_w4a16`):
   many shared-memory stages (8, fewer where a bucket's block makes the CTA's rings pass
   48 KB: block 32 -> 4, 64 -> 3; from 4 up a power of two, so that the unrolled K loop's
   ring offsets are constants); split_k: in a decode bucket whose smallest call (one block
-  per active expert) has fewer 64-column tiles than the GPU has SMs (132), the K loop is
+  per active expert) has fewer 64-column tiles than the GPU has SMs (132 on an H200), the K loop is
   split over CTAs until about 16 warps per SM are busy (four CTAs of 4 warps, eight of 2; the
   bucket after the single-token one keeps the split sized for one token); otherwise 1
   (measured: splitting when every SM already has a tile only adds the reduction); then, in
@@ -95,10 +95,10 @@ MSD on CUDA, ``lowering: msd``: ``tile = {block_n, w_stages, x_stages, mma, vec_
 cube_warps, split_k}``: the warp layout by M (measured at the seed shape, M = 1, 4, 16): 2 vector
 warps for M <= 2, 4 for M <= 4, else 8 (each unfolds rows r = its index mod vec_warps and merges
 its share of the columns; where the rows take at most half of them, only the other half merges);
-128 output columns per CTA over 2 matrix warps up to M = 4, else 256
-over 4 (8 n8 tiles a matrix warp); columns and matrix warps halved while the kernel would need
-more than 227 KB of shared memory, at 64 columns first the weight ring cut to 2 stages (M = 64
-with 3 slices: 64 columns, 1 matrix warp, 2 stages: 1.8x faster than 32 columns with 4);
+128 output columns per CTA over 2 matrix warps up to M = 4, else 256 over 4 (8 n8 tiles a
+matrix warp); columns and matrix warps halved while the kernel would need more than the GPU's
+shared memory a CTA (227 KB on sm_90), at 64 columns first the weight ring cut to 2 stages
+(M = 64 with 3 slices: 64 columns, 1 matrix warp, 2 stages: 1.8x faster than 32 columns with 4);
 block-n/vec-warps/cube-warps=N by hand. The matrix warps' weight ring 4 groups deep (stages=N),
 the vector warps' activation ring as deep as 4 KB per warp allows (2..4 groups), K split over
 CTAs (whole groups, at least two each) until about 3 CTAs per SM are busy, and the integer MMA
