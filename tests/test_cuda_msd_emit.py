@@ -50,10 +50,12 @@ def test_kernels_render_the_schedule():
     source = files["msd-seed.cu"]
     assert check(source, schedules()) == []
     # the default MMA on widened int4: the weights as signed bytes 16 q x s8 rows (M = 1: the rows
-    # as the B operand), with no slice sums to subtract
-    assert "moegen::mma_s8s8_16832(" in source and "rowsum" not in source
+    # as the B operand), with no slice sums to subtract: the kernel's s8 form, chosen by
+    # `if constexpr (MMA_S8)` (the s4 form's slice sums compiled out)
+    assert "moegen::mma_s8s8_16832(" in source and "constexpr bool MMA_S8 = true;" in source
+    assert "if constexpr (!MMA_S8) y -= WEIGHT_BIAS * sh.rowsum" in source
     s4 = emit(SEED, "cuda", "tile{mma=s4},schedule,alloc")["msd-seed.cu"]
-    assert "moegen::mma_s4u4_16864(" in s4 and "rowsum" in s4
+    assert "moegen::mma_s4u4_16864(" in s4 and "constexpr bool MMA_S8 = false;" in s4
 
 
 def test_s8_divisors_carry_the_sixteen_exactly():

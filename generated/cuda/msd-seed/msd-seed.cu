@@ -34,15 +34,22 @@ constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 128;
 constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
 constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
-// The unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four words
-// of its A fragment, rows lane / 4 and lane / 4 + 8 at the k of the weights' word lane % 4 in
-// that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_s4_x16 gives
-// the weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One 16-byte load
-// per lane and MMA.
+// The integer MMA: s8 (mma.sync m16n8k32 s8 x s8, the weights widened in registers) or s4
+// (m16n8k64 s4 x u4). The kernel's two forms differ by `if constexpr (MMA_S8)`.
+constexpr bool MMA_S8 = true;
+// s8: the unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four
+// words of its A fragment, rows lane / 4 and lane / 4 + 8 at the k of the weights' word lane % 4
+// in that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_s4_x16
+// gives the weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One
+// 16-byte load per lane and MMA. s4: int4 rows, 8 a 32-bit word along K, padded.
 constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
-constexpr int UNFOLD_SLOT_WORDS = MT * KBLOCKS * 32 * 4;
+constexpr int WORDS = G / 8;                    // 8 int4 per 32-bit word along K
+// 32-bit words per unfolded row, int4 (padding: no bank conflicts)
+constexpr int UNFOLD_STRIDE = WORDS + 4;
+constexpr int UNFOLD_SLOT_WORDS = MMA_S8 ? MT * KBLOCKS * 32 * 4 : MT * 16 * UNFOLD_STRIDE;
 // words per Y row: the 8-byte stores of 4 rows meet no bank twice
 constexpr int Y_STRIDE = BLOCK_N + 8;
+constexpr int WEIGHT_BIAS = 8;                  // s4: packed nibble = q + WEIGHT_BIAS
 // 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
 constexpr float ROUND_SHIFT = 12582912.0f;
 constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
@@ -126,6 +133,7 @@ struct Shared {
   unsigned* unfold;           // [slots][UNFOLD_SLOT_WORDS]
   int* y;                     // [slots][ROWS][Y_STRIDE]
   float* amax;                // [slots][M]
+  int* rowsum;                // s4: [slots][ROWS]: per unfolded row, the sum of its int4 slice
   uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
   half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
   // [MERGE_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
@@ -246,7 +254,9 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
 #pragma unroll
         for (int i = 0; i < PER; ++i) t[i] *= FACTORS[s];
       }
-      unsigned even = 0, odd = 0;               // bytes of the even and odd k of this lane
+      unsigned even = 0, odd = 0;               // s8: bytes of the even and odd k of this lane
+      unsigned bits = 0;                        // s4: nibbles of this lane's k, and their sum
+      int sum = 0;
 #pragma unroll
       for (int i = 0; i < PER; ++i) {
         // round half to even, as numpy: adding 1.5 x 2^23 (|t| <= 7.49 < 2^22) leaves q in the low
@@ -254,17 +264,36 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
         const float shifted = __fadd_rn(t[i], ROUND_SHIFT);
         const int q = __float_as_int(shifted) - __float_as_int(ROUND_SHIFT);
         t[i] -= __fsub_rn(shifted, ROUND_SHIFT);
-        (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
+        if constexpr (MMA_S8) {
+          (i % 2 ? odd : even) |= (static_cast<unsigned>(q) & 0xFFu) << (8 * (i / 2));
+        } else {
+          sum += q;
+          bits |= (static_cast<unsigned>(q) & 0xFu) << (4 * i);
+        }
       }
-      // this lane's k: positions p .. p + PER - 1 of 8-k word `chunk`; the fragment that holds
-      // them is the one of lane (row % 8) * 4 + chunk % 4 in k32 block chunk / 4
-      const int row = s * M + r, chunk = lane * PER / 8, p = lane * PER % 8;
-      unsigned char* frag = reinterpret_cast<unsigned char*>(
-          sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS +
-          (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
-      const int upper = row % 16 / 8;           // row r + 8 of the fragment
-      moegen::store_low_bytes<PER / 2>(frag + 4 * upper + p / 2, even);
-      moegen::store_low_bytes<PER / 2>(frag + 4 * (2 + upper) + p / 2, odd);
+      if constexpr (MMA_S8) {
+        // this lane's k: positions p .. p + PER - 1 of 8-k word `chunk`; the fragment that holds
+        // them is the one of lane (row % 8) * 4 + chunk % 4 in k32 block chunk / 4
+        const int row = s * M + r, chunk = lane * PER / 8, p = lane * PER % 8;
+        unsigned char* frag = reinterpret_cast<unsigned char*>(
+            sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS +
+            (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
+        const int upper = row % 16 / 8;           // row r + 8 of the fragment
+        moegen::store_low_bytes<PER / 2>(frag + 4 * upper + p / 2, even);
+        moegen::store_low_bytes<PER / 2>(frag + 4 * (2 + upper) + p / 2, odd);
+      } else {
+        const int row_sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0) sh.rowsum[amax_slot * ROWS + s * M + r] = row_sum;
+        unsigned* row =
+            sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS + (s * M + r) * UNFOLD_STRIDE;
+        // lanes with consecutive k pack into 32-bit words (8 nibbles)
+        constexpr int LANES_PER_WORD = 8 / PER;
+        unsigned word = bits;
+#pragma unroll
+        for (int i = 1; i < LANES_PER_WORD; ++i)
+          word |= __shfl_down_sync(0xffffffffu, bits, i) << (4 * PER * i);
+        if (lane % LANES_PER_WORD == 0) row[lane / LANES_PER_WORD] = word;
+      }
     }
     if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
@@ -334,9 +363,9 @@ __device__ __forceinline__ int merge_col(int m, int j) {
   return m * COLS_PER_WARP + (threadIdx.x & 31) % LANE_COLS + j * LANE_COLS;
 }
 
-// acc += (sum_i Y_i / (16 d_i)) * A_max * scale for this vector warp's columns, if it merges
-// (Y_i = 16 x the slice's sums; INV_DIVISORS[i] = 1 / (16 d_i)), the scales of group g from the
-// warp's scale ring
+// acc += (sum_i Y_i / (16 d_i)) * A_max * scale for this vector warp's columns, if it merges,
+// the scales of group g from the warp's scale ring. s8: Y_i = 16 x the slice's sums
+// (INV_DIVISORS[i] = 1 / (16 d_i)); s4: Y_i less WEIGHT_BIAS x the row's sum, over d_i.
 __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int amax_slot, int y_slot,
                                       float (&acc)[COLS_PER_LANE][ROWS_PER_LANE]) {
   const int lane = threadIdx.x & 31;
@@ -353,9 +382,11 @@ __device__ __forceinline__ void merge(const Shared& sh, int unit, int g, int ama
       if (r < M) {
         float combined = 0.0f;
 #pragma unroll
-        for (int i = 0; i < S; ++i)
-          combined += static_cast<float>(sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c]) *
-                      INV_DIVISORS[i];
+        for (int i = 0; i < S; ++i) {
+          int y = sh.y[((size_t)y_slot * ROWS + i * M + r) * Y_STRIDE + c];
+          if constexpr (!MMA_S8) y -= WEIGHT_BIAS * sh.rowsum[amax_slot * ROWS + i * M + r];
+          combined += static_cast<float>(y) * INV_DIVISORS[i];
+        }
         acc[j][q] += combined * sh.amax[amax_slot * M + r] * s;
       }
     }
@@ -434,6 +465,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);   // (s4 only: after amax)
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
     sh.unfold[i] = 0;
@@ -533,6 +565,7 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);   // (s4 only: after amax)
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
     sh.unfold[i] = 0;
