@@ -26,8 +26,8 @@ __device__ __forceinline__ uint4 moegen_load_evict_first(const void* p) {
 }
 
 extern "C" __global__ void __launch_bounds__(MOEGEN_READ_THREADS)
-moegen_bare_read(const unsigned long long* __restrict__ starts, const int* __restrict__ lengths,
-                 unsigned* __restrict__ xor_out) {
+    moegen_bare_read(const unsigned long long* __restrict__ starts, const int* __restrict__ lengths,
+                     unsigned* __restrict__ xor_out) {
   const char* chunk = reinterpret_cast<const char*>(starts[blockIdx.x]);
   const int length = lengths[blockIdx.x];
   uint4 v[MOEGEN_READ_LOADS];

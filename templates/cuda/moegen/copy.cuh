@@ -75,8 +75,9 @@ struct WeightStream {
   }
 
   __device__ __forceinline__ void copy16(void* dst, const void* src) const {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-                 ::"r"(smem_addr(dst) | zero), "l"(src), "l"(policy)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+                     smem_addr(dst) | zero),
+                 "l"(src), "l"(policy)
                  : "memory");
   }
 };
@@ -89,8 +90,9 @@ __device__ __forceinline__ void cp_async16_stream_zfill(void* dst, const void* s
   asm volatile(
       "{\n.reg .b64 policy;\n"
       "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, policy;\n}\n"
-      ::"r"(smem_addr(dst) | opaque_zero()), "l"(src), "r"(bytes)
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, policy;\n}\n" ::"r"(
+          smem_addr(dst) | opaque_zero()),
+      "l"(src), "r"(bytes)
       : "memory");
 }
 

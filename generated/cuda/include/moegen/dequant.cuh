@@ -20,20 +20,20 @@ __device__ __forceinline__ unsigned lop3_or(unsigned a, unsigned mask, unsigned 
 // bf16 (7 mantissa bits): OR-ing a nibble u into 128.0 (0x4300) gives exactly 128 + u, and
 // subtracting 136 leaves u - 8; each pair of nibbles is shifted down to bits 0-3 and 16-19.
 __device__ __forceinline__ void dequant8(unsigned w, act2_t out[4]) {
-  const unsigned LO = 0x000f000f, EXP = 0x43004300, SUB = 0x43084308;   // 136.0 in both halves
+  const unsigned LO = 0x000f000f, EXP = 0x43004300, SUB = 0x43084308;  // 136.0 in both halves
   const unsigned q[4] = {lop3_or(w, LO, EXP), lop3_or(w >> 4, LO, EXP), lop3_or(w >> 8, LO, EXP),
                          lop3_or(w >> 12, LO, EXP)};
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    out[i] = __hsub2(*reinterpret_cast<const act2_t*>(&q[i]),
-                     *reinterpret_cast<const act2_t*>(&SUB));
+    out[i] =
+        __hsub2(*reinterpret_cast<const act2_t*>(&q[i]), *reinterpret_cast<const act2_t*>(&SUB));
 }
 #else
 __device__ __forceinline__ void dequant8(unsigned w, act2_t out[4]) {
   const unsigned LO = 0x000f000f, HI = 0x00f000f0, EXP = 0x64006400;
-  const unsigned SUB = 0x64086408;   // 1032.0 in both halves
-  const unsigned MUL = 0x2c002c00;   // 1/16
-  const unsigned ADD = 0xd480d480;   // -72.0 = -(1024 / 16 + 8)
+  const unsigned SUB = 0x64086408;  // 1032.0 in both halves
+  const unsigned MUL = 0x2c002c00;  // 1/16
+  const unsigned ADD = 0xd480d480;  // -72.0 = -(1024 / 16 + 8)
   unsigned lo0 = lop3_or(w, LO, EXP), hi0 = lop3_or(w, HI, EXP);
   unsigned w8 = w >> 8;
   unsigned lo1 = lop3_or(w8, LO, EXP), hi1 = lop3_or(w8, HI, EXP);
@@ -81,9 +81,12 @@ __device__ __forceinline__ void widen_s4_x16(unsigned w, unsigned flip, unsigned
 // the low N bytes (1, 2 or 4) of v to an N-aligned shared-memory address
 template <int N>
 __device__ __forceinline__ void store_low_bytes(unsigned char* p, unsigned v) {
-  if constexpr (N == 1) *p = static_cast<unsigned char>(v);
-  else if constexpr (N == 2) *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(v);
-  else *reinterpret_cast<unsigned*>(p) = v;
+  if constexpr (N == 1)
+    *p = static_cast<unsigned char>(v);
+  else if constexpr (N == 2)
+    *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(v);
+  else
+    *reinterpret_cast<unsigned*>(p) = v;
 }
 
 }  // namespace moegen

@@ -37,11 +37,11 @@ __device__ __forceinline__ void grouped_gemm(
     const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
     float* __restrict__ partials, int* __restrict__ counters, act_t* __restrict__ sum_out = nullptr,
     int* __restrict__ sum_counters = nullptr, Routed routed = {}) {
-  constexpr int NT = (BLOCK + 7) / 8;            // n8 tiles of block rows (the MMA's N)
+  constexpr int NT = (BLOCK + 7) / 8;  // n8 tiles of block rows (the MMA's N)
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
   constexpr int WARP_STEPS = CTA_STEPS / WARPS;
-  constexpr int WARP_ITERS = WARP_STEPS / KS;    // ring stages a warp goes through
+  constexpr int WARP_ITERS = WARP_STEPS / KS;  // ring stages a warp goes through
   static_assert(KSTEPS % (SPLIT * WARPS * KS) == 0, "K must split evenly over CTAs, warps, stages");
   static_assert(G % (16 * KS) == 0, "the k16 steps of one stage share a scale group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
@@ -70,7 +70,7 @@ __device__ __forceinline__ void grouped_gemm(
   static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
   __shared__ __align__(128) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
   __shared__ int last_cta;
-  float(*red)[64] = reinterpret_cast<float(*)[64]>(smem);   // after the K loop
+  float (*red)[64] = reinterpret_cast<float (*)[64]>(smem);  // after the K loop
 
   // A kernel launched after this one with programmatic dependent launch (the down GEMM after
   // gate/up) may start once every CTA is here: its CTAs take the SMs this grid's last wave
@@ -84,10 +84,10 @@ __device__ __forceinline__ void grouped_gemm(
   // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
   // close together and the tile comes from DRAM once, from L2 after
   const int blk = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
-  if (!DENSE && blk * BLOCK >= *total_ptr) return;          // grid is sized for the worst case
+  if (!DENSE && blk * BLOCK >= *total_ptr) return;  // grid is sized for the worst case
   const int expert = DENSE ? 0 : expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto slot_of = [&](int r) {          // the slot of block row r, num_slots for padding
+  auto slot_of = [&](int r) {  // the slot of block row r, num_slots for padding
     if (DENSE) return blk * BLOCK + r < num_slots ? blk * BLOCK + r : num_slots;
     return r < BLOCK ? sorted_ids[blk * BLOCK + r] : num_slots;
   };
@@ -98,7 +98,7 @@ __device__ __forceinline__ void grouped_gemm(
   // Each lane's copy sources (at the warp's first step), shared addresses (in stage 0) and
   // whether it copies at all are pinned: kept in registers, not recomputed in the main loop.
   const act_t* copy_src[COPIES];
-  unsigned copy_bytes[COPIES];         // 16, or 0 for a padding row (which reads row 0)
+  unsigned copy_bytes[COPIES];  // 16, or 0 for a padding row (which reads row 0)
   unsigned copy_dst[COPIES];
   unsigned copy_on[COPIES];
   const int step0 = split * CTA_STEPS + warp * WARP_STEPS;
@@ -133,8 +133,8 @@ __device__ __forceinline__ void grouped_gemm(
 
   const uint4* wp = w + ((size_t)expert * KSTEPS * NTILES + tile) * 32 + lane;
   const WeightStream weights;
-  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8;   // (packed)
-  const uint4* zp = zeros + ((size_t)expert * GROUPS * NTILES + tile) * 8;    // (HAS_ZERO)
+  const uint4* sp = scales + ((size_t)expert * GROUPS * NTILES + tile) * 8;  // (packed)
+  const uint4* zp = zeros + ((size_t)expert * GROUPS * NTILES + tile) * 8;   // (HAS_ZERO)
   // copy the k16 steps of iteration i into its stage: the weights (and the scales of a group
   // that starts there), then the block's rows
   auto issue_weights = [&](int i) {
@@ -143,7 +143,7 @@ __device__ __forceinline__ void grouped_gemm(
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       weights.copy16(st + sub * 512 + lane * 16, wp + (size_t)(step + sub) * NTILES * 32);
-    if constexpr (STAGED_SCALES) {     // (the layout of copy_group_scales, one tile)
+    if constexpr (STAGED_SCALES) {  // (the layout of copy_group_scales, one tile)
       if (lane < 8 && step * 16 % G == 0) {
         cp_async_ca<16>(st + S_OFFSET + lane * 16,
                         sp + (size_t)(step * 16 / G) * NTILES * 8 + lane);
@@ -184,13 +184,13 @@ __device__ __forceinline__ void grouped_gemm(
     }
     return v;
   };
-  auto load_zeros = [&](int group) {     // (HAS_ZERO, not STAGED_SCALES)
+  auto load_zeros = [&](int group) {  // (HAS_ZERO, not STAGED_SCALES)
     return __ldg(zp + (size_t)group * NTILES * 8 + lane / 4);
   };
-  auto staged_scales = [&](int i) {      // the scales in iteration i's stage (STAGED_SCALES)
+  auto staged_scales = [&](int i) {  // the scales in iteration i's stage (STAGED_SCALES)
     return staged_group_scales(ring + (i % STAGES) * STAGE_BYTES + S_OFFSET, 0, lane);
   };
-  auto staged_zeros = [&](int i) {       // and the zeros (HAS_ZERO)
+  auto staged_zeros = [&](int i) {  // and the zeros (HAS_ZERO)
     return staged_group_scales(ring + (i % STAGES) * STAGE_BYTES + Z_OFFSET, 0, lane);
   };
   const int group0 = step0 * 16 / G;
@@ -218,7 +218,7 @@ __device__ __forceinline__ void grouped_gemm(
     for (int sub = 0; sub < KS; ++sub) {
       f.w[sub] = *reinterpret_cast<const uint4*>(st + sub * 512 + lane * 16);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {   // row 8 nt + lane / 4, k = kq, kq + 1 and + 8
+      for (int nt = 0; nt < NT; ++nt) {  // row 8 nt + lane / 4, k = kq, kq + 1 and + 8
         const unsigned char* r0 = st + W_BYTES + (nt * 8 + lane / 4) * A_ROW + sub * 32 + 2 * kq;
         f.b[sub][nt][0] = *reinterpret_cast<const unsigned*>(r0);
         f.b[sub][nt][1] = *reinterpret_cast<const unsigned*>(r0 + 16);
@@ -228,22 +228,24 @@ __device__ __forceinline__ void grouped_gemm(
   // The weights are the MMA's A operand (16 columns x k16 per word), the block rows its B
   // operand (n8 per 8 rows): a block of 8 rows wastes no tensor-core work on padding.
   auto multiply = [&](const Frags& f) {
-    const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);   // (column r, r + 8) per t
+    const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);  // (column r, r + 8) per t
     const act2_t* zc = reinterpret_cast<const act2_t*>(&zero_now);
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
       const unsigned words[4] = {f.w[sub].x, f.w[sub].y, f.w[sub].z, f.w[sub].w};
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {        // word t: the A fragment of columns 16 t .. 16 t + 15
+      for (int t = 0; t < 4; ++t) {  // word t: the A fragment of columns 16 t .. 16 t + 15
         act2_t frag[4];
-        dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 (r = lane / 4)
+        dequant8(words[t], frag);  // rows r, r + 8, r, r + 8 (r = lane / 4)
         if constexpr (HAS_ZERO) zero_frag(frag, zc[t]);
         if constexpr (!SCALE_AFTER) scale_frag(frag, sc[t]);
         const unsigned* af = reinterpret_cast<const unsigned*>(frag);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          if constexpr (SCALE_AFTER) mma_16816(part[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
-          else mma_16816(acc[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
+          if constexpr (SCALE_AFTER)
+            mma_16816(part[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
+          else
+            mma_16816(acc[t][nt], af, f.b[sub][nt][0], f.b[sub][nt][1]);
         }
       }
     }
@@ -253,15 +255,15 @@ __device__ __forceinline__ void grouped_gemm(
   // in stage order, so "stage i + 1 has landed" is "at most STAGES - 2 groups pending".
   auto iteration = [&](int i, const Frags& cur, Frags& next) {
     if (i + 1 < WARP_ITERS) {
-      cp_async_wait<STAGES - 2>();         // stage i + 1 has landed (for this lane's copies) ...
-      __syncwarp();                        // ... and for the warp's; every lane has read stage i
+      cp_async_wait<STAGES - 2>();  // stage i + 1 has landed (for this lane's copies) ...
+      __syncwarp();                 // ... and for the warp's; every lane has read stage i
       load_frags(i + 1, next);
     }
     if (i + STAGES < WARP_ITERS) issue(i + STAGES);
     cp_async_commit();
     multiply(cur);
   };
-  auto end_group = [&]() {                 // SCALE_AFTER: acc += part x the group's scales
+  auto end_group = [&]() {  // SCALE_AFTER: acc += part x the group's scales
     if constexpr (SCALE_AFTER) {
       const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);
 #pragma unroll
@@ -277,7 +279,7 @@ __device__ __forceinline__ void grouped_gemm(
       }
     }
   };
-  auto next_group = [&](int i) {           // a group starts at iteration i (its stage landed)
+  auto next_group = [&](int i) {  // a group starts at iteration i (its stage landed)
     end_group();
     if constexpr (STAGED_SCALES) {
       scale_now = staged_scales(i);
@@ -294,15 +296,15 @@ __device__ __forceinline__ void grouped_gemm(
   };
 
   prime_ring<STAGES, FOLLOWS>(WARP_ITERS, issue_weights, issue_rows);
-  cp_async_wait<STAGES - 1>();             // stage 0 has landed
+  cp_async_wait<STAGES - 1>();  // stage 0 has landed
   __syncwarp();
-  Frags f0, f1;                            // trade roles every iteration, in registers
+  Frags f0, f1;  // trade roles every iteration, in registers
   load_frags(0, f0);
   if constexpr (STAGED_SCALES) {
     scale_now = staged_scales(0);
     if constexpr (HAS_ZERO) zero_now = staged_zeros(0);
   }
-  constexpr int GROUP_ITERS = G / (16 * KS);                   // iterations per scale group
+  constexpr int GROUP_ITERS = G / (16 * KS);  // iterations per scale group
   constexpr int GROUP_UNROLL = GROUP_ITERS % 2 ? 2 * GROUP_ITERS : GROUP_ITERS;
   // whole groups, and whole turns of the ring where one is a multiple of the other (the tile
   // pass makes STAGES a power of two): every ring offset of the unrolled body is a constant
@@ -319,27 +321,29 @@ __device__ __forceinline__ void grouped_gemm(
         iteration(i0 + u + 1, f1, f0);
       }
     }
-  } else {                                 // a group may start at any iteration
+  } else {  // a group may start at any iteration
     for (int i = 0; i < WARP_ITERS; i += 2) {
-      for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {   // u: which of f0, f1 is current
+      for (int u = 0; u < 2 && i + u < WARP_ITERS; ++u) {  // u: which of f0, f1 is current
         const int step = step0 + (i + u) * KS;
         if (i + u > 0 && step * 16 % G == 0) next_group(i + u);
-        if (u == 0) iteration(i, f0, f1);
-        else iteration(i + 1, f1, f0);
+        if (u == 0)
+          iteration(i, f0, f1);
+        else
+          iteration(i + 1, f1, f0);
       }
     }
   }
   if constexpr (RELEASE_AFTER_LOOP) release_dependents();
   end_group();
   cp_async_wait<0>();
-  __syncthreads();                         // the rings are free: red reuses their memory
+  __syncthreads();  // the rings are free: red reuses their memory
 
   // the warps' partial sums added in warp order into red[row][column]. Where the CTA's shared
   // memory holds one copy a warp (RED_APART), every warp stores its own at once and each thread
   // then adds up its elements' copies; else the warps take turns adding into red, a barrier
   // each. (Measured on the H200, a call of one token on Qwen3 or DeepSeek: 0.7 us of a gate/up
   // CTA in turns, 0.45 us so.)
-  auto acc_at = [&](auto f) {              // f(row, column, value) for each accumulator
+  auto acc_at = [&](auto f) {  // f(row, column, value) for each accumulator
 #pragma unroll
     for (int t = 0; t < 4; ++t)
 #pragma unroll
@@ -350,10 +354,10 @@ __device__ __forceinline__ void grouped_gemm(
   };
   constexpr bool RED_APART = WARPS * RED_BYTES <= sizeof(smem);
   if constexpr (RED_APART) {
-    float(*mine)[64] = reinterpret_cast<float(*)[64]>(smem + warp * RED_BYTES);
+    float (*mine)[64] = reinterpret_cast<float (*)[64]>(smem + warp * RED_BYTES);
     acc_at([&](int r, int col, float v) { mine[r][col] = v; });
     __syncthreads();
-    for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) {   // (red is warp 0's copy)
+    for (int x = threadIdx.x; x < ROWS * 64; x += WARPS * 32) {  // (red is warp 0's copy)
       float sum = red[x / 64][x % 64];
 #pragma unroll
       for (int wi = 1; wi < WARPS; ++wi)
@@ -390,12 +394,12 @@ __device__ __forceinline__ void grouped_gemm(
     const int r = x / COLS, c = x % COLS;
     const int slot = slot_of(r);
     if (slot >= num_slots) continue;
-    if constexpr (EPILOGUE == 1) {      // SwiGLU: columns 0..31 gate, 32..63 up
+    if constexpr (EPILOGUE == 1) {  // SwiGLU: columns 0..31 gate, 32..63 up
       const float v = silu(red[r][c]) * red[r][c + 32];
       out[(size_t)slot * NOUT + tile * 32 + c] = act_from_float(v);
     } else {
-      const int col = PERM_GATE_UP ? (c < 32 ? tile * 32 + c : NOUT / 2 + tile * 32 + c - 32)
-                                   : tile * 64 + c;
+      const int col =
+          PERM_GATE_UP ? (c < 32 ? tile * 32 + c : NOUT / 2 + tile * 32 + c - 32) : tile * 64 + c;
       if (col >= NOUT) continue;
       float v = red[r][c];
       if constexpr (MUL_WEIGHTS) v *= weights_flat[blk * BLOCK + r];
@@ -408,7 +412,7 @@ __device__ __forceinline__ void grouped_gemm(
     // last of them to arrive sums the tile for every token
     if (!last_to_arrive(&sum_counters[tile], *total_ptr / BLOCK, last_cta)) return;
     const int tokens = num_slots / SUM_TOPK;
-    for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {   // 8 chunks of 8 columns
+    for (int x = threadIdx.x; x < tokens * 8; x += WARPS * 32) {  // 8 chunks of 8 columns
       const int col = tile * 64 + (x % 8) * 8;
       if (col < NOUT) topk_sum_chunk<SUM_TOPK, NOUT, true>(out, x / 8, col, sum_out, routed);
     }

@@ -53,81 +53,82 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
 
 template <>
 __device__ __forceinline__ void wgmma_f16<32>(float (&d)[16], const unsigned (&a)[4],
-                                             unsigned long long b_desc) {
+                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %21, 0; "
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE
+      " "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
       "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
 template <>
 __device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], const unsigned (&a)[4],
-                                             unsigned long long b_desc) {
+                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE
+      " "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
 template <>
 __device__ __forceinline__ void wgmma_f16<96>(float (&d)[48], const unsigned (&a)[4],
-                                             unsigned long long b_desc) {
+                                              unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %53, 0; "
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE
+      " "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
       "}, {%48, %49, %50, %51}, %52, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
         "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
 template <>
 __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&a)[4],
-                                              unsigned long long b_desc) {
+                                               unsigned long long b_desc) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE " "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." MOEGEN_MMA_TYPE "." MOEGEN_MMA_TYPE
+      " "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
@@ -142,7 +143,7 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
-  static constexpr int COPIES = (A_CHUNKS + THREADS - 1) / THREADS;   // threads past A_CHUNKS idle
+  static constexpr int COPIES = (A_CHUNKS + THREADS - 1) / THREADS;  // threads past A_CHUNKS idle
   static constexpr int LANES_PER_ROW = CHUNKS < 4 ? CHUNKS : 4, WARP_ROWS = 32 / LANES_PER_ROW;
   static_assert(CHUNKS % LANES_PER_ROW == 0 && BLOCK % WARP_ROWS == 0,
                 "a warp's chunks: whole row pieces of whole row groups");
@@ -223,17 +224,17 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
                 "K splits into whole scale groups");
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
-  constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
-  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;     // and zeros (HAS_ZERO)
+  constexpr int S_OFFSET = W_BYTES + A_BYTES;  // a group's scales (copy_group_scales)
+  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;  // and zeros (HAS_ZERO)
   constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
   constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64;
   constexpr int OUT_BYTES = COLT * BLOCK * (OUT_COLS + 8) * 2;
-  constexpr int AHEAD = STAGES - 2;                // stages in flight ahead of the current one
+  constexpr int AHEAD = STAGES - 2;  // stages in flight ahead of the current one
   __shared__ __align__(128) unsigned char smem[RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
 
-  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
-  const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
+  const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)
+  const int split = SPLIT > 1 ? blockIdx.z : 0;       // (a constant for the whole K)
   // this call's split (SPLIT unless SPLIT_MANY differs: call_split) and K range
   const int total = *total_ptr;
   const int split_now = call_split<BLOCK, NTILES / COLT, SPLIT, SPLIT_MANY, FILL_CTAS>(total);
@@ -242,7 +243,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   if (blk * BLOCK >= total || (SPLIT_MANY != SPLIT && split >= split_now)) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tile = col_tile * COLT + warp;             // the column tile warp w dequantizes
+  const int tile = col_tile * COLT + warp;  // the column tile warp w dequantizes
 
   // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
   using BlockRows = ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV>;
@@ -251,7 +252,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const size_t group_offset = (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
   const uint4* s_cta = scales + group_offset;
-  const uint4* z_cta = zeros + group_offset;       // (HAS_ZERO)
+  const uint4* z_cta = zeros + group_offset;  // (HAS_ZERO)
   // PIN_ADDRESSES: this thread's copy addresses are pinned in registers (ptxas, capped at 128
   // of them, would otherwise recompute them from tid.x at every copy): its 16 B of each k16
   // step's weight tiles, step q of a stage at q * THREADS * 16 in it, and its chunks of the rows.
@@ -313,9 +314,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // stage's offset in the ring
   const unsigned long long desc_ring = PIN_ADDRESSES ? wgmma_desc(smem, BLOCK * 16, 128) : 0;
 
-  unsigned frag[2][4][4];                // [step parity][subtile t]: A fragments
-  auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv,
-                           unsigned (&f)[4][4]) {
+  unsigned frag[2][4][4];  // [step parity][subtile t]: A fragments
+  auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv, unsigned (&f)[4][4]) {
     const unsigned words[4] = {wv.x, wv.y, wv.z, wv.w};
     const act2_t* sc = reinterpret_cast<const act2_t*>(&scale_now);
     const act2_t* zc = reinterpret_cast<const act2_t*>(&zero_now);
@@ -337,16 +337,16 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < 4; ++t)
-      wgmma_f16<BLOCK>(reinterpret_cast<float(&)[NT * 4]>(acc[t]), f[t], desc);
+      wgmma_f16<BLOCK>(reinterpret_cast<float (&)[NT * 4]>(acc[t]), f[t], desc);
     wgmma_commit();
   };
 
   prime_ring<AHEAD, false>(cta_iters, issue_weights, issue_rows);
   for (int i = 0; i < cta_iters; ++i) {
-    wgmma_wait<1>();                       // step i KS - 2 is done: its A set and stage free
-    cp_async_wait<AHEAD - 1>();            // stage i has landed (this thread's copies) ...
-    fence_proxy_async();                   // ... where the tensor cores will read it
-    __syncthreads();                       // everyone's; stage i - 2 is no longer read
+    wgmma_wait<1>();             // step i KS - 2 is done: its A set and stage free
+    cp_async_wait<AHEAD - 1>();  // stage i has landed (this thread's copies) ...
+    fence_proxy_async();         // ... where the tensor cores will read it
+    __syncthreads();             // everyone's; stage i - 2 is no longer read
     // the warp's weight words of every step of the stage, read before the copies are issued
     // so that the reads are in flight while they are
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
@@ -354,15 +354,15 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub)
       wv[sub] = *reinterpret_cast<const uint4*>(st + (sub * COLT + warp) * 512 + lane * 16);
-    if (i + AHEAD < cta_iters) issue(i + AHEAD);   // into stage i - 2's slot
+    if (i + AHEAD < cta_iters) issue(i + AHEAD);  // into stage i - 2's slot
     cp_async_commit();
-    if (i % GROUP_ITERS == 0) {            // a scale group starts: its scales are in stage i
+    if (i % GROUP_ITERS == 0) {  // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(st + S_OFFSET, warp, lane);
       if constexpr (HAS_ZERO) zero_now = staged_group_scales(st + Z_OFFSET, warp, lane);
     }
 #pragma unroll
     for (int sub = 0; sub < KS; ++sub) {
-      if (sub > 0) wgmma_wait<1>();        // step sub - 2's wgmmas are done with frag[sub % 2]
+      if (sub > 0) wgmma_wait<1>();  // step sub - 2's wgmmas are done with frag[sub % 2]
       multiply_step(st, sub, wv[sub], frag[sub % 2]);
     }
   }
@@ -374,14 +374,14 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 #pragma unroll
       for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
   cp_async_wait<0>();
-  __syncthreads();                         // the ring is free: the output rows reuse it
+  __syncthreads();  // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
     __shared__ int last_cta;
     // (the call's split worked out again from the block count: the value of split_now)
-    if (!split_k_gather<SPLIT, THREADS>(reinterpret_cast<float(&)[4 * NT * 4]>(acc), partials,
-                                        counters, blk * (NTILES / COLT) + col_tile, split,
-                                        last_cta, call_split<BLOCK, NTILES / COLT, SPLIT,
-                                                             SPLIT_MANY, FILL_CTAS>(*total_ptr)))
+    if (!split_k_gather<SPLIT, THREADS>(
+            reinterpret_cast<float (&)[4 * NT * 4]>(acc), partials, counters,
+            blk * (NTILES / COLT) + col_tile, split, last_cta,
+            call_split<BLOCK, NTILES / COLT, SPLIT, SPLIT_MANY, FILL_CTAS>(*total_ptr)))
       return;
   }
 
@@ -423,7 +423,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     float* __restrict__ partials = nullptr, int* __restrict__ counters = nullptr,
     Routed routed = {}) {
   // (partials and counters: the wide CTAs' arguments, unused: the tall tile never splits K)
-  constexpr int COLT = 4, THREADS = 128 * COLT;    // a warpgroup per column tile
+  constexpr int COLT = 4, THREADS = 128 * COLT;  // a warpgroup per column tile
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
   static_assert(BLOCK == 128, "4 groups of 32 rows (block 64 measured 30-60% slower)");
   static_assert(NTILES % COLT == 0, "whole CTAs of 4 column tiles");
@@ -432,18 +432,18 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
   constexpr int GROUP_ITERS = G / (16 * KS);
   constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
-  constexpr int S_OFFSET = W_BYTES + A_BYTES;      // a group's scales (copy_group_scales)
-  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;     // and zeros (HAS_ZERO)
+  constexpr int S_OFFSET = W_BYTES + A_BYTES;  // a group's scales (copy_group_scales)
+  constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;  // and zeros (HAS_ZERO)
   constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
   constexpr int AHEAD = STAGES - 2;
-  constexpr int RED_ROW = 64 + 4;    // fp32 words of a staged output row (conflict-free writes)
+  constexpr int RED_ROW = 64 + 4;  // fp32 words of a staged output row (conflict-free writes)
   unsigned char* smem = dynamic_shared;
 
-  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
+  const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)
   if (blk * BLOCK >= *total_ptr) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = warp / 4, subtile = warp % 4;   // column tile wg of the CTA's, warp subtile of it
+  const int wg = warp / 4, subtile = warp % 4;  // column tile wg of the CTA's, warp subtile of it
   // The 16-column subtile whose packed words this lane dequantizes: warp `subtile`'s own, turned
   // by lane / 8. The packed tile keeps a lane's 4 subtiles in one 16-byte piece, so word
   // `subtile` of every lane's piece would fall on 8 banks (4-way conflicted); turned, a warp's 32
@@ -452,8 +452,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   const int src = (subtile + lane / 8) % 4;
 
   // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
-  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk,
-                                                                      num_slots);
+  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk, num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const uint4* s_cta = scales + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
   const uint4* z_cta = zeros + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
@@ -473,9 +472,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   // acc[4 q + c]: column 16 src + lane / 4 + 8 (c / 2) of the warpgroup's tile, block row
   // 8 q + 2 (lane % 4) + c % 2
   float acc[BLOCK / 2];
-  act2_t scale_now;                      // the lane's two columns' scales, the current group's
-  act2_t zero_now = {};                  // (and zeros, HAS_ZERO)
-  unsigned frag[2][4];                   // [step parity]: A fragments
+  act2_t scale_now;      // the lane's two columns' scales, the current group's
+  act2_t zero_now = {};  // (and zeros, HAS_ZERO)
+  unsigned frag[2][4];   // [step parity]: A fragments
 
   // full[s]: ring slot s has landed (every thread's copies of it); empty[s]: every warp's
   // wgmmas are done with it. Every thread copies and multiplies, and waits only for the stage
@@ -487,8 +486,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   }
   // the block's rows that hold slots (its expert's come first, then padding): the wgmmas
   // multiply only the 32-row groups that hold any (an expert's last block is mostly part full)
-  const int rows = __syncthreads_count(threadIdx.x < BLOCK &&
-                                       sorted_ids[blk * BLOCK + threadIdx.x] < num_slots);
+  const int rows =
+      __syncthreads_count(threadIdx.x < BLOCK && sorted_ids[blk * BLOCK + threadIdx.x] < num_slots);
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s)
     if (s < ITERS) {
@@ -507,7 +506,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     for (int i = 0; i < ITERS; ++i) {
       const int slot = i % STAGES;
       mbar_wait(&full[slot], (i / STAGES) & 1);
-      fence_proxy_async();                 // the copies, where the tensor cores will read them
+      fence_proxy_async();  // the copies, where the tensor cores will read them
       const unsigned char* st = smem + slot * STAGE_BYTES;
       // the lane's weight words of every step of the stage (word `src` of its 16 bytes of the
       // tile) and a group's scales, read before the copies are issued (their loads then wait
@@ -515,17 +514,17 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       unsigned words[KS];
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub)
-        words[sub] = *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 +
-                                                        4 * src);
-      if (i % GROUP_ITERS == 0) {          // a scale group starts: its scales are in stage i
-        scale_now = *reinterpret_cast<const act2_t*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 +
-                                                      4 * src);
+        words[sub] =
+            *reinterpret_cast<const unsigned*>(st + (sub * COLT + wg) * 512 + lane * 16 + 4 * src);
+      if (i % GROUP_ITERS == 0) {  // a scale group starts: its scales are in stage i
+        scale_now =
+            *reinterpret_cast<const act2_t*>(st + S_OFFSET + (wg * 8 + lane / 4) * 16 + 4 * src);
         if constexpr (HAS_ZERO)
-          zero_now = *reinterpret_cast<const act2_t*>(st + Z_OFFSET + (wg * 8 + lane / 4) * 16 +
-                                                       4 * src);
+          zero_now =
+              *reinterpret_cast<const act2_t*>(st + Z_OFFSET + (wg * 8 + lane / 4) * 16 + 4 * src);
       }
       const int next = i + AHEAD;
-      if (next < ITERS) {                  // into the slot of stage next - STAGES, once consumed
+      if (next < ITERS) {  // into the slot of stage next - STAGES, once consumed
         if (next >= STAGES) mbar_wait(&empty[next % STAGES], (next / STAGES - 1) & 1);
         issue_weights(next);
         issue_rows(next);
@@ -533,7 +532,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
       }
 #pragma unroll
       for (int sub = 0; sub < KS; ++sub) {
-        wgmma_wait<1>();                   // frag[sub % 2]'s last wgmma is done
+        wgmma_wait<1>();  // frag[sub % 2]'s last wgmma is done
         // ... and with sub = 1 every wgmma of stage i - 1 (a predicated arrive: a branch
         // between the wgmmas makes ptxas serialize them)
         if (sub == 1) mbar_arrive_if(&empty[(i + STAGES - 1) % STAGES], i > 0);
@@ -548,7 +547,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
         const unsigned long long desc =
             wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
         wgmma_fence();
-        wgmma_f16<N>(reinterpret_cast<float(&)[N / 2]>(acc), f, desc);
+        wgmma_f16<N>(reinterpret_cast<float (&)[N / 2]>(acc), f, desc);
         wgmma_commit();
       }
     }
@@ -558,11 +557,15 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
 #pragma unroll
     for (int j = N / 2; j < BLOCK / 2; ++j) acc[j] = 0.0f;
   };
-  if (rows > 96) k_loop(RowCount<128>());
-  else if (rows > 64) k_loop(RowCount<96>());
-  else if (rows > 32) k_loop(RowCount<64>());
-  else k_loop(RowCount<32>());
-  __syncthreads();                         // the ring is free: the outputs reuse it
+  if (rows > 96)
+    k_loop(RowCount<128>());
+  else if (rows > 64)
+    k_loop(RowCount<96>());
+  else if (rows > 32)
+    k_loop(RowCount<64>());
+  else
+    k_loop(RowCount<32>());
+  __syncthreads();  // the ring is free: the outputs reuse it
 
   // the accumulators as fp32 rows of each column tile: red[tile][row][column]
   float* red = reinterpret_cast<float*>(smem);
@@ -575,7 +578,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
         mine[(8 * q + 2 * (lane % 4) + (c & 1)) * RED_ROW + (c >= 2 ? 8 : 0)] = acc[4 * q + c];
   }
   __syncthreads();
-  constexpr int OUT_CHUNKS = (EPILOGUE == 1 ? 32 : 64) / 8;   // 16-byte pieces of a tile's row
+  constexpr int OUT_CHUNKS = (EPILOGUE == 1 ? 32 : 64) / 8;  // 16-byte pieces of a tile's row
   for (int x = threadIdx.x; x < COLT * BLOCK * OUT_CHUNKS; x += THREADS) {
     const int ch = x % OUT_CHUNKS, r = x / OUT_CHUNKS % BLOCK, t = x / (OUT_CHUNKS * BLOCK);
     const int slot = sorted_ids[blk * BLOCK + r];
@@ -589,7 +592,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     act_t* h = reinterpret_cast<act_t*>(&packed);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if constexpr (EPILOGUE == 1)         // SwiGLU: columns 0..31 gate, 32..63 up
+      if constexpr (EPILOGUE == 1)  // SwiGLU: columns 0..31 gate, 32..63 up
         h[j] = act_from_float(silu(row[8 * ch + j]) * row[8 * ch + j + 32]);
       else if constexpr (MUL_WEIGHTS)
         h[j] = act_from_float(row[8 * ch + j] * weight);
@@ -601,7 +604,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
 
   if constexpr (SUM_TOPK > 0)
     sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
-                                                              total_ptr, num_slots, routed);
+                                                             total_ptr, num_slots, routed);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

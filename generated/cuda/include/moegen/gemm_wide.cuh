@@ -15,8 +15,8 @@ __device__ __forceinline__ void copy_weight_stage(unsigned char* st, const uint4
   for (int q = 0; q < W_COPIES; ++q) {
     const int c = q * THREADS + threadIdx.x;
     if (W_CHUNKS % THREADS != 0 && c >= W_CHUNKS) continue;
-    cp_async16(st + 16 * c, w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 +
-                                c % (32 * COLT));
+    cp_async16(st + 16 * c,
+               w_cta + (size_t)(step + c / (32 * COLT)) * NTILES * 32 + c % (32 * COLT));
   }
 }
 
@@ -79,8 +79,10 @@ __device__ __forceinline__ bool split_k_gather(float (&v)[N], float* __restrict_
 // (The number of blocks depends on how many experts the routing picks.)
 template <int BLOCK, int COL_CTAS, int SPLIT, int SPLIT_MANY, int FILL_CTAS>
 __device__ __forceinline__ int call_split(int total) {
-  if constexpr (SPLIT_MANY == SPLIT) return SPLIT;
-  else return total / BLOCK * COL_CTAS * SPLIT_MANY < FILL_CTAS ? SPLIT : SPLIT_MANY;
+  if constexpr (SPLIT_MANY == SPLIT)
+    return SPLIT;
+  else
+    return total / BLOCK * COL_CTAS * SPLIT_MANY < FILL_CTAS ? SPLIT : SPLIT_MANY;
 }
 
 // The output column of 16-byte piece `ch` of a wide CTA's row of column tile `tile`: SwiGLU's
@@ -88,10 +90,12 @@ __device__ __forceinline__ int call_split(int total) {
 // the tile's own.
 template <int EPILOGUE, bool PERM_GATE_UP, int NOUT>
 __device__ __forceinline__ int wide_out_column(int tile, int ch) {
-  if constexpr (EPILOGUE == 1) return tile * 32 + 8 * ch;
+  if constexpr (EPILOGUE == 1)
+    return tile * 32 + 8 * ch;
   else if constexpr (PERM_GATE_UP)
     return ch < 4 ? tile * 32 + 8 * ch : NOUT / 2 + tile * 32 + 8 * (ch - 4);
-  else return tile * 64 + 8 * ch;
+  else
+    return tile * 64 + 8 * ch;
 }
 
 // SUM_TOPK (fuse-topk-sum): once every moe block's CTA of column tile `col_tile` (COLT 64-column
@@ -101,11 +105,11 @@ template <int BLOCK, int COLT, int THREADS, int NOUT, int SUM_TOPK>
 __device__ __forceinline__ void sum_topk_when_last(act_t* __restrict__ out,
                                                    act_t* __restrict__ sum_out,
                                                    int* __restrict__ sum_counters, int col_tile,
-                                                   const int* __restrict__ total_ptr,
-                                                   int num_slots, Routed routed) {
+                                                   const int* __restrict__ total_ptr, int num_slots,
+                                                   Routed routed) {
   __shared__ int last_cta;
   if (!last_to_arrive(&sum_counters[col_tile], *total_ptr / BLOCK, last_cta)) return;
-  constexpr int PIECES = 8 * COLT;       // 8-column pieces of the CTA's columns
+  constexpr int PIECES = 8 * COLT;  // 8-column pieces of the CTA's columns
   const int tokens = num_slots / SUM_TOPK;
   for (int x = threadIdx.x; x < tokens * PIECES; x += THREADS) {
     const int col = col_tile * COLT * 64 + (x % PIECES) * 8;
@@ -120,11 +124,13 @@ __device__ __forceinline__ void sum_topk_when_last(act_t* __restrict__ out,
 // WARPS x WARP_ROWS x (OUT_COLS + 8) halves, free (the caller synchronised after its ring).
 template <int BLOCK, int WARP_ROWS, int COLT, int NOUT, int EPILOGUE, bool PERM_GATE_UP,
           bool MUL_WEIGHTS, int SUM_TOPK>
-__device__ __forceinline__ void wide_epilogue(
-    const float (&acc)[4][WARP_ROWS / 8][4], unsigned char* smem, int row0, int tile,
-    const int* __restrict__ sorted_ids, const int* __restrict__ total_ptr,
-    const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
-    act_t* __restrict__ sum_out, int* __restrict__ sum_counters, Routed routed) {
+__device__ __forceinline__ void wide_epilogue(const float (&acc)[4][WARP_ROWS / 8][4],
+                                              unsigned char* smem, int row0, int tile,
+                                              const int* __restrict__ sorted_ids,
+                                              const int* __restrict__ total_ptr,
+                                              const float* __restrict__ weights_flat, int num_slots,
+                                              act_t* __restrict__ out, act_t* __restrict__ sum_out,
+                                              int* __restrict__ sum_counters, Routed routed) {
   constexpr int NT = WARP_ROWS / 8, THREADS = 32 * COLT * (BLOCK / WARP_ROWS);
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   const int blk = blockIdx.x, col_tile = blockIdx.y;
@@ -135,11 +141,11 @@ __device__ __forceinline__ void wide_epilogue(
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int r = nt * 8 + kq + (c & 1);                 // row within the warp's
-      const int col = lane / 4 + (c >= 2 ? 8 : 0);          // + 16 t
+      const int r = nt * 8 + kq + (c & 1);          // row within the warp's
+      const int col = lane / 4 + (c >= 2 ? 8 : 0);  // + 16 t
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        if constexpr (EPILOGUE == 1) {     // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
+        if constexpr (EPILOGUE == 1) {  // SwiGLU: t = 0, 1 gate, t = 2, 3 up (columns + 32)
           if (t < 2)
             rows_out[r * OUT_ROW + 16 * t + col] =
                 act_from_float(silu(acc[t][nt][c]) * acc[t + 2][nt][c]);
@@ -151,7 +157,7 @@ __device__ __forceinline__ void wide_epilogue(
       }
     }
   __syncwarp();
-  constexpr int OUT_CHUNKS = OUT_COLS / 8;                 // 16-byte pieces of a row
+  constexpr int OUT_CHUNKS = OUT_COLS / 8;  // 16-byte pieces of a row
   for (int x = lane; x < WARP_ROWS * OUT_CHUNKS; x += 32) {
     const int r = x / OUT_CHUNKS, ch = x % OUT_CHUNKS;
     const int slot = sorted_ids[blk * BLOCK + row0 + r];
@@ -164,7 +170,7 @@ __device__ __forceinline__ void wide_epilogue(
 
   if constexpr (SUM_TOPK > 0)
     sum_topk_when_last<BLOCK, COLT, THREADS, NOUT, SUM_TOPK>(out, sum_out, sum_counters, col_tile,
-                                                              total_ptr, num_slots, routed);
+                                                             total_ptr, num_slots, routed);
 }
 
 // The scales (and HAS_ZERO: zeros) a ring stage holds after its weights and rows where a scale
@@ -200,10 +206,11 @@ __device__ __forceinline__ void grouped_gemm_wide(
     float* __restrict__ partials = nullptr, int* __restrict__ counters = nullptr,
     Routed routed = {}) {
   constexpr int ROW_GROUPS = BLOCK / WARP_ROWS, WARPS = COLT * ROW_GROUPS, THREADS = 32 * WARPS;
-  constexpr int NT = WARP_ROWS / 8;              // n8 tiles of a warp's rows
+  constexpr int NT = WARP_ROWS / 8;  // n8 tiles of a warp's rows
   constexpr int KSTEPS = KDIM / 16, ITERS = KSTEPS / KS, GROUPS = KDIM / G;
-  static_assert((WARP_ROWS == 32 || WARP_ROWS == 64) && BLOCK % WARP_ROWS == 0 &&
-                NTILES % COLT == 0, "whole row groups of 32 or 64 and whole column tiles");
+  static_assert(
+      (WARP_ROWS == 32 || WARP_ROWS == 64) && BLOCK % WARP_ROWS == 0 && NTILES % COLT == 0,
+      "whole row groups of 32 or 64 and whole column tiles");
   static_assert(KSTEPS % KS == 0 && G % (16 * KS) == 0, "the k16 steps of a stage share a group");
   static_assert(STAGES >= 2, "the copy ring needs two stages");
   constexpr int GROUP_ITERS = G / (16 * KS), CTA_ITERS = ITERS / SPLIT;
@@ -221,12 +228,13 @@ __device__ __forceinline__ void grouped_gemm_wide(
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
   // (DYNAMIC_SHARED: the launch gives the larger of the two as dynamic shared memory)
-  __shared__ __align__(128) unsigned char
-      static_shared[DYNAMIC_SHARED ? 16 : RING_BYTES > OUT_BYTES ? RING_BYTES : OUT_BYTES];
+  __shared__ __align__(128) unsigned char static_shared[DYNAMIC_SHARED           ? 16
+                                                        : RING_BYTES > OUT_BYTES ? RING_BYTES
+                                                                                 : OUT_BYTES];
   unsigned char* smem = DYNAMIC_SHARED ? dynamic_shared : static_shared;
 
-  const int blk = blockIdx.x, col_tile = blockIdx.y;   // blocks vary fastest (weights from L2)
-  const int split = SPLIT > 1 ? blockIdx.z : 0;         // (a constant for the whole K)
+  const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)
+  const int split = SPLIT > 1 ? blockIdx.z : 0;       // (a constant for the whole K)
   // this call's split (SPLIT unless SPLIT_MANY differs: call_split) and K range
   const int total = *total_ptr;
   const int split_now = call_split<BLOCK, NTILES / COLT, SPLIT, SPLIT_MANY, FILL_CTAS>(total);
@@ -235,8 +243,8 @@ __device__ __forceinline__ void grouped_gemm_wide(
   if (blk * BLOCK >= total || (SPLIT_MANY != SPLIT && split >= split_now)) return;
   const int expert = expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int ct = warp % COLT, row0 = warp / COLT * WARP_ROWS;   // column tile, first row
-  const int tile = col_tile * COLT + ct;                // this warp's 64-column tile
+  const int ct = warp % COLT, row0 = warp / COLT * WARP_ROWS;  // column tile, first row
+  const int tile = col_tile * COLT + ct;                       // this warp's 64-column tile
 
   // copies of one stage, spread over the CTA's threads: the weights by copy_weight_stage;
   // activation chunk c is part c % CHUNKS of row c / CHUNKS (padding rows copy 0 bytes of row 0
@@ -255,7 +263,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const size_t group_offset = (((size_t)expert * GROUPS + group0) * NTILES + col_tile * COLT) * 8;
   const uint4* s_cta = scales + group_offset;
-  const uint4* z_cta = zeros + group_offset;       // (HAS_ZERO)
+  const uint4* z_cta = zeros + group_offset;  // (HAS_ZERO)
   // copy iteration i's k16 steps into its stage: the weights (and a group's scales and zeros),
   // then the rows
   auto issue_weights = [&](int i) {
@@ -314,7 +322,7 @@ __device__ __forceinline__ void grouped_gemm_wide(
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         act2_t frag[4];
-        dequant8(words[t], frag);          // rows r, r + 8, r, r + 8 of the A fragment
+        dequant8(words[t], frag);  // rows r, r + 8, r, r + 8 of the A fragment
         if constexpr (HAS_ZERO) zero_frag(frag, zc[t]);
         scale_frag(frag, sc[t]);
         const unsigned* af = reinterpret_cast<const unsigned*>(frag);
@@ -329,11 +337,11 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // them whole and spilled 100-180 bytes at the decode bucket's 128-register cap)
 #pragma unroll 1
   for (int i = 0; i < cta_iters; ++i) {
-    cp_async_wait<STAGES - 2>();           // stage i has landed (this thread's copies) ...
-    __syncthreads();                       // ... everyone's; and stage i - 1 is read by all
-    if (i + STAGES - 1 < cta_iters) issue(i + STAGES - 1);   // into stage i - 1's slot
+    cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
+    __syncthreads();              // ... everyone's; and stage i - 1 is read by all
+    if (i + STAGES - 1 < cta_iters) issue(i + STAGES - 1);  // into stage i - 1's slot
     cp_async_commit();
-    if (i % GROUP_ITERS == 0) {            // a scale group starts: its scales are in stage i
+    if (i % GROUP_ITERS == 0) {  // a scale group starts: its scales are in stage i
       scale_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + S_OFFSET, ct, lane);
       if constexpr (HAS_ZERO)
         zero_now = staged_group_scales(smem + (i % STAGES) * STAGE_BYTES + Z_OFFSET, ct, lane);
@@ -341,13 +349,12 @@ __device__ __forceinline__ void grouped_gemm_wide(
     multiply_stage(i);
   }
   cp_async_wait<0>();
-  __syncthreads();                         // the ring is free: the output rows reuse it
+  __syncthreads();  // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
     __shared__ int last_cta;
-    auto& v = reinterpret_cast<float(&)[4 * NT * 4]>(acc);
+    auto& v = reinterpret_cast<float (&)[4 * NT * 4]>(acc);
     const int tile_id = blk * (NTILES / COLT) + col_tile;
-    if (!split_k_gather<SPLIT, THREADS>(v, partials, counters, tile_id, split, last_cta,
-                                        split_now))
+    if (!split_k_gather<SPLIT, THREADS>(v, partials, counters, tile_id, split, last_cta, split_now))
       return;
   }
 

@@ -55,9 +55,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // agree bit for bit). A slot that `routed` skips (no GEMM wrote its row) adds nothing. FROM_L2:
 // read through L2 only (__ldcg), for rows that other CTAs of the same kernel wrote.
 template <int TOPK, int NOUT, bool FROM_L2>
-__device__ __forceinline__ void topk_sum_chunk(const act_t* __restrict__ rows, size_t t,
-                                               size_t col, act_t* __restrict__ sum_out,
-                                               Routed routed) {
+__device__ __forceinline__ void topk_sum_chunk(const act_t* __restrict__ rows, size_t t, size_t col,
+                                               act_t* __restrict__ sum_out, Routed routed) {
   float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {

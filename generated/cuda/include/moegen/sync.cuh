@@ -28,17 +28,18 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 }
 
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }\n"
-               ::"r"(smem_addr(bar))
-               : "memory");
+  asm volatile(
+      "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }\n" ::"r"(smem_addr(bar))
+      : "memory");
 }
 
 // mbar_arrive where `arrive` holds, without a branch
 __device__ __forceinline__ void mbar_arrive_if(unsigned long long* bar, bool arrive) {
-  asm volatile("{ .reg .pred p; .reg .b64 state; setp.ne.b32 p, %1, 0; "
-               "@p mbarrier.arrive.shared::cta.b64 state, [%0]; }\n"
-               ::"r"(smem_addr(bar)), "r"((unsigned)arrive)
-               : "memory");
+  asm volatile(
+      "{ .reg .pred p; .reg .b64 state; setp.ne.b32 p, %1, 0; "
+      "@p mbarrier.arrive.shared::cta.b64 state, [%0]; }\n" ::"r"(smem_addr(bar)),
+      "r"((unsigned)arrive)
+      : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
@@ -46,17 +47,19 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   while (!done) {
 #if __CUDA_ARCH__ >= 900
     // the warp sleeps until the phase completes (or 10 us pass) instead of spinning on issue slots
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; "
-                 "selp.u32 %0, 1, 0, p; }\n"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity), "n"(10000)
-                 : "memory");
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; "
+        "selp.u32 %0, 1, 0, p; }\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity), "n"(10000)
+        : "memory");
 #else
-    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
-                 "selp.u32 %0, 1, 0, p; }\n"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
-                 : "memory");
+    asm volatile(
+        "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+        "selp.u32 %0, 1, 0, p; }\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
 #endif
   }
 }
@@ -80,8 +83,10 @@ __device__ __forceinline__ void named_barrier_sync() {
 // THREADS, on named barrier 1, while the other warps are elsewhere.
 template <int THREADS>
 __device__ __forceinline__ void arrival_sync() {
-  if constexpr (THREADS == 0) __syncthreads();
-  else named_barrier_sync<1, THREADS>();
+  if constexpr (THREADS == 0)
+    __syncthreads();
+  else
+    named_barrier_sync<1, THREADS>();
 }
 
 // Every CTA of a group calls this once its global writes are done: true in the last one to
@@ -102,7 +107,7 @@ __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& 
                  : "l"(counter)
                  : "memory");
     flag = done == arrivals - 1;
-    if (flag) *counter = 0;                // ready for the next call
+    if (flag) *counter = 0;  // ready for the next call
   }
   arrival_sync<THREADS>();
   return flag;
