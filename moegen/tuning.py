@@ -30,6 +30,7 @@ from pathlib import Path
 from .build import build
 from .spec import Spec
 from .target import GpuTarget, gpu_target
+from .tile_model import TunedBucket
 from .version import __version__
 
 ENV = "MOEGEN_TUNING_DB"
@@ -66,6 +67,18 @@ def kernel_sources() -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _tuned_bucket(edge: int, config: dict) -> TunedBucket:
+    """A recorded config as the tile pass reads a bucket; fields recorded before they existed
+    take the values those configs were measured with."""
+    return TunedBucket(edge, config["moe_block"], config["split_k"],
+                       stages=config.get("stages", 8),
+                       split_k_down=config.get("split_k_down", config["split_k"]),
+                       block_k=config.get("block_k", 16), warps=config.get("warps", 4),
+                       col_tiles=config.get("col_tiles", 1),
+                       warp_rows=config.get("warp_rows", 32), wgmma=config.get("wgmma", 0),
+                       wide_decode=config.get("wide_decode", 0))
 
 
 def entry_key(spec: Spec, device: Device) -> str:
@@ -154,13 +167,7 @@ class TuningDB:
             # bucket); its config serves the other counts too
             results = results * 2
         edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max, single)
-        return {"buckets": [[edge, r["config"]["moe_block"], r["config"]["split_k"],
-                             r["config"].get("stages", 8),
-                             r["config"].get("split_k_down", r["config"]["split_k"]),
-                             r["config"].get("block_k", 16), r["config"].get("warps", 4),
-                             r["config"].get("col_tiles", 1), r["config"].get("warp_rows", 32),
-                             r["config"].get("wgmma", 0), r["config"].get("wide_decode", 0)]
-                            for edge, r in zip(edges, results)]}
+        return {"buckets": [_tuned_bucket(edge, r["config"]) for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
     def record(self, spec: Spec, device: Device, results: list[dict]) -> str:

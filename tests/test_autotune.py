@@ -129,9 +129,9 @@ def test_bucket_edges_pick_the_nearest_measured_count(tmp_path):
     db = tdb.TuningDB(tmp_path / "t.json")
     db.record(mixtral, H200, [{"tokens": 1, "config": {"moe_block": 8, "split_k": 4},
                                "time_us": 1.0, "default_us": 1.0, "checked": True}])
-    assert [b[:3] for b in db.lookup(mixtral, H200)["buckets"]] == [[1, 8, 4], [8192, 8, 4]]
+    assert [list(b[:3]) for b in db.lookup(mixtral, H200)["buckets"]] == [[1, 8, 4], [8192, 8, 4]]
     db.record(QWEN, H200, RESULTS[:1])                # no single-token bucket: one bucket
-    assert [b[:3] for b in db.lookup(QWEN, H200)["buckets"]] == [[8192, 16, 2]]
+    assert [list(b[:3]) for b in db.lookup(QWEN, H200)["buckets"]] == [[8192, 16, 2]]
 
 
 def test_compile_uses_the_tuned_config(tmp_path):

@@ -100,11 +100,14 @@ class MoeTiling:
                                 "(the K-split CTA does)")
         router.attrs["gemm_route"] = False
 
-    # a tuning entry's bucket: the option whose values each field after the edge must take
-    ENTRY_FIELDS = ("moe-block", "split-k", "stages", "split-k-down", "block-k", "warps",
-                    "wide-cols", "warp-rows", "wgmma")
+    # a tuning entry's bucket (TunedBucket): the option whose values each field after the edge
+    # must take (wide_decode takes wgmma's, 0 or 1)
+    ENTRY_OPTIONS = {"moe_block": "moe-block", "split_k": "split-k", "stages": "stages",
+                     "split_k_down": "split-k-down", "block_k": "block-k", "warps": "warps",
+                     "col_tiles": "wide-cols", "warp_rows": "warp-rows", "wgmma": "wgmma",
+                     "wide_decode": "wgmma"}
     # the fields a tall bucket's tile sets itself, whatever the entry says
-    TALL_OWN = ("block-k", "warps", "wide-cols", "warp-rows", "wgmma")
+    TALL_OWN = ("block_k", "warps", "col_tiles", "warp_rows", "wgmma", "wide_decode")
 
     def _check_entry(self, spec, tuned_buckets: list, routing_block: int) -> None:
         """A tuning entry (a database file, maybe edited by hand) takes the values the options
@@ -120,11 +123,11 @@ class MoeTiling:
             if not (type(b[0]) is int and b[0] > edge):
                 raise PipelineError(f"{where}: bucket ends must be integers that ascend")
             edge = b[0]
-            # (wide_decode, last, takes wgmma's values: 0 or 1)
-            for option, name, value in zip(self.ENTRY_FIELDS + ("wgmma",),
-                                           self.ENTRY_FIELDS + ("wide_decode",), b[1:]):
-                if not (b[1] == TALL_BLOCK and option in self.TALL_OWN):
-                    self._check_entry_value(where, option, value, name)
+            for field, value in zip(names[1:], b[1:]):
+                if not (b[1] == TALL_BLOCK and field in self.TALL_OWN):
+                    option = self.ENTRY_OPTIONS[field]
+                    self._check_entry_value(where, option, value,
+                                            field if field == "wide_decode" else option)
             if b[1] > routing_block or spec.moe.block_size not in (None, b[1]):
                 rule = (f"the spec's moe.block_size, {spec.moe.block_size}"
                         if spec.moe.block_size else f"at most {routing_block}, as the routing "

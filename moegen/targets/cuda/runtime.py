@@ -128,8 +128,7 @@ class MoeW4A16:
             pipeline = ",".join(p for p in passes if fuse_swiglu or p != "fuse-swiglu")
         self.gpu = device_gpu(arch)
         self.arch = self.gpu.arch
-        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning, arch=self.arch,
-                              gpu=self.gpu)
+        module, _, pm = lower(self.spec, "cuda", pipeline, tuning=tuning, gpu=self.gpu)
         self.program = emit_moe(self.spec, module, pm.pipeline, self.arch, self.gpu)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
@@ -369,7 +368,7 @@ class MsdMatmul:
         self.gpu = device_gpu(arch)
         self.arch = self.gpu.arch
         module, _, pm = lower(self.spec, "cuda", pipeline, tuning=resolve_tuning(tuning),
-                              arch=self.arch, gpu=self.gpu)
+                              gpu=self.gpu)
         self.program = emit_msd(self.spec, module, pm.pipeline, self.arch)
         self.plan = self.program.plan
         self.module = compile_program(self.program, self.arch, self.spec.name)
