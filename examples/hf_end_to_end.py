@@ -10,10 +10,12 @@ transformers, safetensors and ml_dtypes):
    (moegen.torch.replace_experts);
 4. greedy-generate from the same prompts with both and compare: the tokens must be identical,
    every step's logits within 2e-2 (relative, L2 over the batch; both models run on the
-   reference's tokens), and every decision the same in both models' logits. A random-init
-   model's next-token logits can hold near ties, which the kernels' own rounding (bf16: 8
-   bits) may break the other way; the sequences may then part, but only at such a tie
-   (`compare` says how near).
+   reference's tokens, each MoE layer's experts given the reference's routing, so that the
+   figure is the kernels' own error), and every decision the same in both models' logits. A
+   random-init model's next-token logits and routers can hold near ties, which the kernels'
+   own rounding (bf16: 8 bits) may break the other way (a token routed to another expert
+   moves its logits by far more than 2e-2); the sequences may then part, but only at such a
+   tie (`compare` says how near).
 
 The models run in float32 and the moegen experts in the checkpoint's activation type (bf16 or
 fp16), so the comparison sees the kernels' own rounding and nothing else.
@@ -91,20 +93,53 @@ def run(family: str, fmt: str, dtype: str, steps: int = 32, seed: int = 0,
     with torch.no_grad():
         want = reference.generate(prompts, **kw)
         got = ours.generate(prompts, **kw)
-        # both models on the reference's tokens: each step's logits side by side
+        # both models on the reference's tokens: each step's logits side by side, ours with
+        # its own routing and with the reference's
         start = prompts.shape[1] - 1
-        ref_logits = reference(want.sequences).logits[:, start:-1].float()
-        our_logits = ours(want.sequences).logits[:, start:-1].float()
+        ref_routing, our_routing = [], []
+        ref_logits = routed_forward(reference, want.sequences, ref_routing)[:, start:-1]
+        our_logits = routed_forward(ours, want.sequences, our_routing)[:, start:-1]
+        pinned = routed_forward(ours, want.sequences, ref_routing, pin=True)[:, start:-1]
     result = {"family": family, "format": fmt, "dtype": dtype,
               **compare(want.sequences[:, prompts.shape[1]:], got.sequences[:, prompts.shape[1]:],
-                        ref_logits, our_logits, steps)}
+                        ref_logits, our_logits, steps, pinned),
+              **routing_differences(ref_routing, our_routing)}
     tokens = ("identical" if result["same_tokens"] else
               f"parting at step {result['first_difference']}, a near tie" if result["ok"] else
               "DIFFER")
     log(f"{family} {fmt} {dtype}: {steps} greedy tokens {tokens}; logits' largest relative "
         f"error {result['max_logit_error']:.2e} (limit {LOGIT_LIMIT}), {result['near_ties']} "
-        f"near ties of {result['decisions']} decisions: {'ok' if result['ok'] else 'FAILED'}")
+        f"near ties of {result['decisions']} decisions, {result['routing_differences']} of "
+        f"{result['routed']} routing decisions taken otherwise: "
+        f"{'ok' if result['ok'] else 'FAILED'}")
     return result
+
+
+def routed_forward(model, tokens, routing: list, pin: bool = False):
+    """The model's logits (float32) on `tokens`, teacher-forced. Each MoE layer's routing (the
+    top-k ids and weights its experts are called with) is appended to `routing`, or, with
+    `pin`, taken from it instead (layer by layer, in the order they run)."""
+    handles = []
+    for n, (_, block) in enumerate(moegen.torch.moe_blocks(model)):
+        def hook(module, args, n=n):
+            if pin:
+                return (args[0], *routing[n])
+            routing.append((args[1].clone(), args[2].clone()))
+            return None
+        handles.append(block.experts.register_forward_pre_hook(hook))
+    try:
+        return model(tokens).logits.float()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def routing_differences(a: list, b: list) -> dict:
+    """Routing decisions (a token in a layer) of two recorded routings: how many, and in how
+    many the set of experts differs."""
+    differ = sum(int((ia.sort(-1).values != ib.sort(-1).values).any(-1).sum())
+                 for (ia, _), (ib, _) in zip(a, b))
+    return {"routing_differences": differ, "routed": sum(int(ia.shape[0]) for ia, _ in a)}
 
 
 LOGIT_LIMIT = 2e-2
@@ -112,14 +147,18 @@ TIE_MARGIN = 4      # a decision is a near tie where the reference's top two log
                     # this many times the step's largest logit difference of each other
 
 
-def compare(want_tokens, got_tokens, ref_logits, our_logits, steps: int) -> dict:
+def compare(want_tokens, got_tokens, ref_logits, our_logits, steps: int,
+            pinned_logits=None) -> dict:
     """Greedy tokens and logits of the two models. Logits ([B, steps, V], both models on the
-    reference's tokens): each step's relative L2 error over the batch within LOGIT_LIMIT. Tokens:
-    identical; where they are not, the first difference must fall on a near tie (the reference's
-    top two logits closer than TIE_MARGIN x that row's largest logit difference: the kernels'
-    own rounding may pick either, and the sequences part there), and every other decision of
-    the reference's tokens must be the same in both models' logits."""
-    errors = [float((ref_logits[:, s] - our_logits[:, s]).norm() / ref_logits[:, s].norm())
+    reference's tokens; `pinned_logits`: ours given the reference's routing, else our_logits):
+    each step's relative L2 error of the pinned logits over the batch within LOGIT_LIMIT.
+    Tokens: identical; where they are not, the first difference must fall on a near tie (the
+    reference's top two logits closer than TIE_MARGIN x that row's largest difference from
+    our_logits, which holds a routing decision taken otherwise too: the kernels' own rounding
+    may pick either, and the sequences part there), and every other decision of the
+    reference's tokens must be the same in both models' logits."""
+    pinned = our_logits if pinned_logits is None else pinned_logits
+    errors = [float((ref_logits[:, s] - pinned[:, s]).norm() / ref_logits[:, s].norm())
               for s in range(ref_logits.shape[1])]
     top2 = ref_logits.topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]

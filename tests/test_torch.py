@@ -81,7 +81,7 @@ def test_torch_compile_fullgraph_and_cuda_graphs(rng):
 
     compiled = torch.compile(block, fullgraph=True)
     x = torch.randn(33, 1024, device="cuda", dtype=torch.bfloat16)
-    ids, w = torch.topk(torch.softmax(gate(x.float()), dim=-1), 4, dim=-1)
+    w, ids = torch.topk(torch.softmax(gate(x.float()), dim=-1), 4, dim=-1)
     ref = want(spec, weights, x, ids, (w / w.sum(-1, keepdim=True)).to(x.dtype).float())
     # (the compiled router may differ from eager in the last bits of its weights)
     assert rel_err(compiled(x), ref) <= R.MOE_REL_TOLERANCE["bfloat16"]
@@ -124,7 +124,8 @@ def test_end_to_end_transformers_models(tmp_path):
 
 def test_end_to_end_comparison_tells_ties_from_differences():
     """hf_end_to_end.compare: identical tokens pass; a parting at a near tie passes; a parting
-    at a clear margin, or one step's logits off by more than 2e-2, fails."""
+    at a clear margin, or one step's logits off by more than 2e-2 with the reference's
+    routing, fails."""
     sys.path.insert(0, str(ROOT / "examples"))
     import hf_end_to_end
     gen = torch.Generator().manual_seed(0)
@@ -147,3 +148,6 @@ def test_end_to_end_comparison_tells_ties_from_differences():
     off = ours.clone()
     off[:, 9] *= 1.05
     assert not hf_end_to_end.compare(tokens, tokens, ref, off, 32)["ok"]
+    # the error is the pinned logits' (a routing decision taken otherwise moves the others)
+    assert hf_end_to_end.compare(tokens, tokens, ref, off, 32, pinned_logits=ours)["ok"]
+    assert not hf_end_to_end.compare(tokens, tokens, ref, ours, 32, pinned_logits=off)["ok"]
