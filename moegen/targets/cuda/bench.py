@@ -9,7 +9,10 @@ bandwidth measured in the same process. Beside it, a bare read of those same byt
 same way (bare_read.py): what the harness lets any kernel reach. The baseline is PyTorch bf16:
 `torch._grouped_mm` over the expert-sorted tokens (gate/up, SwiGLU, down, weighted sum), timed
 with CUDA events on PyTorch's stream, L2 flushed the same way (its launches are not captured
-in a graph: PyTorch's sort and bincount sizes are data-dependent).
+in a graph: PyTorch's sort and bincount sizes are data-dependent). The tensor-core time is
+the layer's FLOPs at the fastest fp16 cuBLAS rate measured in the process (TensorCoreGemm): what
+the tensor cores need for the call's arithmetic at dense-GEMM speed. `% bound` holds the layer
+against the larger of the bare read and the tensor-core time.
 """
 from __future__ import annotations
 
@@ -174,6 +177,38 @@ class TorchBaseline:
         return out
 
 
+class TensorCoreGemm:
+    """The tensor-core time of the MoE layer's FLOPs at T tokens (6 T k H I: gate/up 2 T k H I
+    multiply-adds, down T k I H): those FLOPs at the fastest fp16 rate cuBLAS (PyTorch) reaches
+    in this process, of a GEMM of the same FLOPs ([T k, H] x [H, 3 I]) and of a square 8192
+    GEMM. At small T the same-FLOPs GEMM is bound by reading its fp16 weights, not by the
+    tensor cores: the square GEMM's rate stands in there."""
+
+    SQUARE = 8192
+
+    def __init__(self, torch, spec, reps: int = 10, seed: int = 0):
+        m = spec.moe
+        self.torch, self.k, self.h, self.i = torch, m.top_k, m.hidden_size, m.intermediate_size
+        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.w = self._randn(m.hidden_size, 3 * m.intermediate_size)
+        n = self.SQUARE
+        a, b = self._randn(n, n), self._randn(n, n)
+        self.square_rate = 2 * n ** 3 / torch_time(torch, lambda: torch.matmul(a, b), reps)
+
+    def _randn(self, *shape):
+        return self.torch.randn(*shape, device="cuda", dtype=self.torch.float16,
+                                generator=self.gen)
+
+    def flops(self, t: int) -> int:
+        return 6 * t * self.k * self.h * self.i
+
+    def time(self, t: int, reps: int) -> float:
+        """Microseconds of the layer's FLOPs at the fastest measured rate."""
+        a = self._randn(t * self.k, self.h)
+        same_us = torch_time(self.torch, lambda: self.torch.matmul(a, self.w), reps)
+        return self.flops(t) / max(self.flops(t) / same_us, self.square_rate)
+
+
 def confine_routing(logits, experts: int | None):
     """Router logits that route every token among experts 0 .. experts - 1 (the others' logits
     lowered by 30: their softmax weight is below 1e-13 of the picked ones'); all experts
@@ -204,10 +239,11 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     weights = random_packed(cp, layer)
     per_expert = expert_bytes(layer, weights)
     bw = copy_bandwidth(cp)
-    base = None
+    base = tensor_core = None
     if baseline:
         try:
             base = TorchBaseline(spec)
+            tensor_core = TensorCoreGemm(base.torch, spec)
         except Exception as exc:  # no torch, or no room for the bf16 weights
             log(f"(no PyTorch baseline: {exc})")
     rng = np.random.default_rng(0)
@@ -217,7 +253,8 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert"
         + (f"; routing among the first {experts} experts" if experts is not None else ""))
     log(f"{'T':>6} {'experts':>7} {'moegen us':>10} {'floor us':>9} {'% floor':>8} "
-        f"{'read us':>8} {'% read':>7} {'bf16 us':>9} {'vs bf16':>8}")
+        f"{'read us':>8} {'% read':>7} {'tc us':>8} {'% bound':>8} {'bf16 us':>9} "
+        f"{'vs bf16':>8}")
     packed = (weights.w13, weights.w13_scales, weights.w2, weights.w2_scales)
     for t in tokens:
         if t > spec.tokens.max:
@@ -245,10 +282,14 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
             wt = torch.from_dlpack(wts)
             torch.cuda.synchronize()
             row["bf16_us"] = base.time(xt, it, wt, reps)
+            # the larger of the two bounds: bytes (the bare read) or FLOPs (tensor cores)
+            row["tensor_core_us"] = tensor_core.time(t, reps)
+            row["pct_of_bound"] = 100 * max(read_us, row["tensor_core_us"]) / ours
         rows.append(row)
-        b = row.get("bf16_us")
+        b, tc = row.get("bf16_us"), row.get("tensor_core_us")
         log(f"{t:>6} {routed:>7} {ours:>10.1f} {floor_us:>9.1f} {row['pct_of_floor']:>7.0f}% "
             f"{read_us:>8.1f} {row['pct_of_read']:>6.0f}% "
+            + (f"{tc:>8.1f} {row['pct_of_bound']:>7.0f}% " if tc else f"{'-':>8} {'-':>8} ")
             + (f"{b:>9.1f} {b / ours:>7.2f}x" if b else f"{'-':>9} {'-':>8}"))
     if json_path:
         with open(json_path, "w") as f:
