@@ -621,17 +621,22 @@ DEFAULT_TILE = "fuse-align,fuse-swiglu,tile{split},alloc"
     ((4096, 1408, 64, 1), DEFAULT_TILE), ((1024, 512, 60, 6), FUSED_SUM)])
 def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
     """T = 1 with router logits: no router or align launch, every CTA of both GEMMs routes the
-    token into shared memory. The align buffers are poisoned first, so a GEMM that read its
-    routing from them would go wrong. The output is the align kernel's path bit for bit (with
-    and without programmatic dependent launch; the single-token bucket of the first shape, the
-    first decode bucket of the others, the fused top-k sum), the reference's, and replays in a
-    graph; with the routing given, the same kernels take it from align."""
+    token into shared memory: the GEMMs' routed kernels, or (one-launch=1) the whole layer in
+    one launch (moe_one_token). The align buffers are poisoned first, so a GEMM that read its
+    routing from them would go wrong. The output is bit for bit the routed kernels' (with and
+    without programmatic dependent launch), the one launch's and the align kernel's path (the
+    single-token bucket of the first shape, the first decode bucket of the others, the fused
+    top-k sum), the reference's, and replays in a graph; with the routing given, the same
+    kernels take it from align. Calls one after another: the one-launch kernel leaves its
+    state ready for the next."""
     h, i, e, k = shape
     spec = moe_spec(h, i, e, k)
     layer = layer_for(spec, pipeline=pipeline.format(split=""))
+    one = layer_for(spec, pipeline=pipeline.format(split="{one-launch=1}"))
     plain = layer_for(spec, pipeline=pipeline.format(split=""), pdl=False)
     apart = layer_for(spec, pipeline=pipeline.format(split="{route-in-gemm=0}"))
     assert layer.gemm_route and not apart.gemm_route
+    assert one.one_launch and not layer.one_launch
     assert all(g["variants"][0]["route_kernel"] for g in layer.gemms)
     host_w = moe_weights(rng, e, h, i, 128)
     packed = layer.pack(*host_w)
@@ -639,7 +644,7 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
         x = rng.standard_normal((1, h)).astype(np.float16)
         logits = rng.standard_normal((1, e)).astype(np.float32)
         outs = []
-        for lay in (layer, plain, apart):
+        for lay in (layer, one, plain, apart, one):
             for name in ALIGNED:
                 b = lay.plan["workspace"]["buffers"][name]
                 lay.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
@@ -649,11 +654,12 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
         want = R.moe_w4a16(x, ids, w, *host_w, group_size=128)
         assert rel_err(outs[0], want) <= 2e-3
         bits = [o.view(np.uint16) for o in outs]
-        assert np.array_equal(bits[0], bits[1]) and np.array_equal(bits[0], bits[2])
+        assert all(np.array_equal(bits[0], b) for b in bits[1:])
         layer.out.fill(POISON)
         given = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
         assert rel_err(cp.asnumpy(given), want) <= 2e-3
-    assert_graph_replays(rng, layer, host_w, packed, t=1, pushes=(0.0, 30.0))
+    for lay in (layer, one):
+        assert_graph_replays(rng, lay, host_w, packed, t=1, pushes=(0.0, 30.0))
 
 
 def test_bitwise_deterministic(rng):

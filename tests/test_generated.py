@@ -607,6 +607,76 @@ def test_one_token_routed_in_the_gemms_plan():
         assert [g["variants"][0]["stages"] for g in plan["gemms"]] == [stages, stages]
 
 
+ONE_LAUNCH = "fuse-align,fuse-swiglu,tile{one-launch=1},alloc"
+
+
+def test_one_launch_plan():
+    """tile{one-launch=1}: a call of one token with router logits is one kernel, moe_one_token,
+    a grid of both GEMMs' first-bucket CTAs (gate/up's first) whose down CTAs sum the top-k,
+    planned with its own state (ticket, finished CTAs, gate/up CTAs done per block, the top-k
+    sum's and both GEMMs' split-K arrivals) and room for both GEMMs' partial sums at once; in
+    the IR as the router's `one_launch`. Off by default (measured slower); an error naming the
+    rule where the GEMMs, the pipeline or act-order do not allow it."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(spec, "cuda")
+    assert not json.loads(files["qwen3-30b-a3b.launch.json"])["one_launch"]
+    assert "moe_one_token" not in files["qwen3-30b-a3b.cu"]
+    for name, tiles in (("qwen3-30b-a3b", (24, 32)), ("mixtral-8x7b", (448, 64))):
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        files = emit(spec, "cuda", ONE_LAUNCH)
+        plan = json.loads(files[f"{name}.launch.json"])
+        m, (up, down) = spec.moe, plan["gemms"]
+        assert plan["one_launch"] and (up["ntiles"], down["ntiles"]) == tiles
+        splits = [g["variants"][0]["split"] for g in (up, down)]
+        kernel = next(k for k in plan["kernels"] if k["name"] == "moe_one_token")
+        assert kernel["grid"] == [m.top_k * (tiles[0] * splits[0] + tiles[1] * splits[1]), 1, 1]
+        assert kernel["block"] == up["variants"][0]["warps"] * 32
+        ints = 2 + m.top_k + tiles[1] + m.top_k * sum(tiles)
+        assert plan["state"]["one_launch"]["ints"] == ints
+        assert plan["state"]["bytes"] >= plan["state"]["one_launch"]["offset"] + 4 * ints
+        assert f"static_assert(STATE_INTS == {ints}," in files[f"{name}.cu"]
+        rows = up["variants"][0]["block"] * 64 * 4 * m.top_k
+        both = sum(t * sp * rows for t, sp in zip(tiles, splits) if sp > 1)
+        assert plan["workspace"]["partials"]["bytes"] >= both
+        assert "one_launch = true" in files["ir/03-tile.mir"]
+    assert splits == [1, 8]        # (Mixtral's down GEMM splits K at T = 1)
+    for pipeline, rule in (
+            ("fuse-align,tile{one-launch=1},alloc", r"gate/up must end in SwiGLU"),
+            ("fuse-align,fuse-swiglu,tile{one-launch=1,route-in-gemm=0},alloc",
+             r"not routed in the GEMMs"),
+            ("fuse-align,fuse-swiglu,tile{one-launch=1,moe-block=128},alloc",
+             r"not routed in the GEMMs")):
+        with pytest.raises(PipelineError, match=r"tile\{one-launch=1\}: .*" + rule):
+            emit(spec, "cuda", pipeline)
+    gptq = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b-gptq.yaml")
+    with pytest.raises(PipelineError, match=r"one-launch=1.*act-order"):
+        emit(gptq, "cuda", ONE_LAUNCH)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvcc_compiles_the_one_launch_layer(tmp_path, arch):
+    """moe_one_token builds without warnings, spills or stack for examples with and without
+    split-K at T = 1 and zero points; on sm_90a its CTAs count done gate/up work with a release
+    and wait for it with acquire loads at GPU scope, and release no dependent launch."""
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "moe-seed", "qwen3-30b-a3b-awq"):
+        folder = tmp_path / name
+        folder.mkdir()
+        spec = example_for(name, arch)
+        src = write_emitted(emit(spec, "cuda", ONE_LAUNCH), name, folder)
+        log = nvcc_build(src, folder, arch)
+        assert_no_spills(log)
+        assert "moe_one_token" in log and "warning" not in log.lower(), (name, log)
+        if arch == "sm_90a":
+            ptx_path = folder / "k.ptx"
+            proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
+                                   str(ptx_path)], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+            body = ptx_entries(ptx_path.read_text())["moe_one_token"]
+            assert "red.release.gpu.global.add" in body and "ld.acquire.gpu.global" in body
+            assert "griddepcontrol" not in body
+
+
 def test_named_template_arguments_match_the_header():
     """Each GEMM call's template arguments carry their parameter's name (/*NAME=*/value): the
     names of every call in the examples' sources, and of the dequant lowering's, are the

@@ -84,7 +84,12 @@ MoE (`moe_w4a16`):
   or align launch (up to top-k GEMM_ROUTE_MAX_TOPK; ``route-in-gemm=0`` never; measured on the
   H200, T = 1 1.3-3.6 us faster on the three example models, the other calls as fast as
   without: the routing runs in forms of the first bucket's kernels of their own). Its shared
-  memory (one_token_routing_bytes) comes off the first bucket's rings.
+  memory (one_token_routing_bytes) comes off the first bucket's rings. ``one_launch``
+  (``one-launch=1``; off by default): that call runs as one launch, the CTAs of both GEMMs'
+  first-bucket kernels in one grid (the emitter's moe_one_token), where both are K-split CTAs
+  of one block and warp count, gate/up ends in SwiGLU and the spec has no act-order (an error
+  where asked otherwise). Measured on the H200 it is slower than the three launches it
+  replaces (Qwen3-30B-A3B 23.6 against 18.4 us; docs/DESIGN.md).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -178,6 +183,11 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
                                            "with router logits inside every CTA of both GEMMs, "
                                            "with no router or align launch; 0 never",
                                 choices=(0, 1), minimum=0),
+        "one-launch": Option(int, 0, "MoE: 1 runs a call of one token with router logits as "
+                                     "one launch (both GEMMs' CTAs in one grid, the top-k sum "
+                                     "in the down GEMM's epilogue; routed in the GEMMs); 0 (the "
+                                     "default, faster as measured) three",
+                             choices=(0, 1), minimum=0),
     }
 
     def apply(self, module: Module, ctx: Context) -> None:

@@ -58,14 +58,16 @@ class TopkSoftmaxOp(Op):
 
     Kernel choices (the tile pass records them): router, how a warp finds each of the k;
     align_tokens, up to how many tokens the routing runs inside the align kernel's CTA; and
-    gemm_route, whether a call of one token is routed inside the GEMMs' CTAs instead."""
+    gemm_route, whether a call of one token is routed inside the GEMMs' CTAs instead; and
+    one_launch, whether that call runs both GEMMs' CTAs in one grid."""
     NAME = "moe.topk_softmax"
     OPERANDS = ("logits",)
     RESULTS = ("ids", "weights")
     ATTRS = {"k": Attr("dim"), "renormalize": Attr("bool", True),
              "router": Attr("str", ROUTERS[0], choice=True),
              "align_tokens": Attr("int", 0, choice=True),
-             "gemm_route": Attr("bool", False, choice=True)}
+             "gemm_route": Attr("bool", False, choice=True),
+             "one_launch": Attr("bool", False, choice=True)}
 
     def verify(self):
         logits = self.tensor(self.operands[0], "logits", "f32", 2)

@@ -78,6 +78,7 @@ class MoeTiling:
                 typed = [TunedBucket.of(b) for b in tuned_buckets] if tuned_buckets else None
                 op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, typed)
         self._first_bucket_routes(module)
+        self._one_launch(module, spec)
 
     def _first_bucket_routes(self, module: Module) -> None:
         """One token is routed inside the GEMMs only where both run the K-split CTA in their
@@ -99,6 +100,29 @@ class MoeTiling:
                                 "CTA or the tall tile, which do not route a token themselves "
                                 "(the K-split CTA does)")
         router.attrs["gemm_route"] = False
+
+    def _one_launch(self, module: Module, spec) -> None:
+        """one-launch=1: a call of one token with router logits runs both GEMMs' first-bucket
+        CTAs in one grid, where that call is routed in the GEMMs, both are K-split CTAs of one
+        moe block and warp count (one CTA shape serves either) and gate/up ends in SwiGLU
+        (nothing runs between the GEMMs); an error naming the rule elsewhere."""
+        fn = module.function()
+        router = next((op for op in fn.walk() if op.NAME == "moe.topk_softmax"), None)
+        if router is None or not self.option("one-launch"):
+            return
+        gemms = [op for op in fn.walk() if op.NAME == "moe.grouped_gemm_w4a16"]
+        shapes = {(op.attrs["block_buckets"][0][1], op.attrs["tile"]["col_tiles"][0],
+                   op.attrs["tile"]["warps"][0]) for op in gemms}
+        rule = ("a call of one token is not routed in the GEMMs here (route-in-gemm)"
+                if not router.attr("gemm_route") else
+                "the first bucket's GEMMs must both run the K-split CTA with one moe block "
+                f"and warp count, not (block, column tiles, warps) {sorted(shapes)}"
+                if len(shapes) != 1 or next(iter(shapes))[1] != 1 else
+                "gate/up must end in SwiGLU (the fuse-swiglu pass)"
+                if not any(op.attr("epilogue") == "swiglu" for op in gemms) else None)
+        if rule:
+            raise PipelineError(f"tile{{one-launch=1}}: {rule}")
+        router.attrs["one_launch"] = True
 
     # a tuning entry's bucket (TunedBucket): the option whose values each field after the edge
     # must take (wide_decode takes wgmma's, 0 or 1)
@@ -152,7 +176,7 @@ class MoeTiling:
         """Act-order: the activations are gathered per slot by its expert's row order, which
         reads the routing from memory: the router never runs inside the align kernel or the
         GEMMs (an error where an option asks it to)."""
-        for option in ("route-align-tokens", "route-in-gemm"):
+        for option in ("route-align-tokens", "route-in-gemm", "one-launch"):
             if self.option(option):
                 raise PipelineError(f"tile{{{option}={self.option(option)}}}: an act-order spec "
                                     "(quant.act_order) routes through the router kernel: its "

@@ -163,13 +163,40 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
     return plans
 
 
-def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> tuple[dict, dict]:
+def _one_launch(spec: Spec, gemms: list, asked: bool) -> dict | None:
+    """The one-launch layer for one token (moe_one_token in the template), where the IR's
+    router has `one_launch` (the tile pass checked what it needs: both first buckets on the
+    K-split CTA of one moe block and warp count, SwiGLU in gate/up's epilogue): its grid, its
+    state ints (the template's one_launch namespace says what each holds) and its split-K
+    partial-sum bytes (both GEMMs' at once)."""
+    if not asked:
+        return None
+    m = spec.moe
+    vu, vd = gemms[0].variants[0], gemms[1].variants[0]
+    if not (vu["col_tiles"] == vd["col_tiles"] == 1 and vu["block"] == vd["block"]
+            and vu["warps"] == vd["warps"] and gemms[0].epilogue == EPILOGUES.index("swiglu")):
+        raise ValueError("moe.topk_softmax has one_launch, but the first buckets' GEMMs are not "
+                         "K-split CTAs of one block and warp count with SwiGLU in gate/up")
+    gu_tiles, dn_tiles = gemms[0].ntiles, gemms[1].ntiles
+    rows = align_up(vu["block"], 8)
+
+    def partials(tiles: int, split: int) -> int:
+        return m.top_k * tiles * split * rows * 64 * 4 if split > 1 else 0
+    ctas = m.top_k * (gu_tiles * vu["split"] + dn_tiles * vd["split"])
+    return {"kernel": "moe_one_token", "grid": [ctas, 1, 1], "block": vu["warps"] * 32,
+            "state_ints": 2 + m.top_k + dn_tiles + m.top_k * (gu_tiles + dn_tiles),
+            "partial_bytes": partials(gu_tiles, vu["split"]) + partials(dn_tiles, vd["split"])}
+
+
+def _workspace(spec: Spec, module: Module, gemms: list, summed: bool,
+               one_launch: dict | None) -> tuple[dict, dict]:
     """The launch plan's workspace and state. The workspace is scratch a call fills before it
     reads it, so layers on one stream share it (runtime: workspace.py): the alloc pass's arena
     (its buffers by result name), then the split-K partial sums sized for the largest split
     bucket, then (act-order) the GEMMs' activations gathered per slot. The state is the layer's
     own, zero between calls (the kernels leave it so): the split-K arrival counters, then
-    (topk_sum) one arrival counter per column tile of the down GEMM."""
+    (topk_sum) one arrival counter per column tile of the down GEMM, then the one-launch
+    kernel's."""
     m = spec.moe
     offsets = {}
     for op in module.function().ops:
@@ -188,6 +215,8 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> tuple[d
                 partial_bytes = max(partial_bytes,
                                     blocks * g.ntiles * v["split"] * rows * 64 * 4)
                 counter_ints = max(counter_ints, blocks * g.ntiles)
+    if one_launch:          # both GEMMs' partial sums at once
+        partial_bytes = max(partial_bytes, one_launch["partial_bytes"])
     align = module.attrs["workspace"]["alignment"]
     partials_at = align_up(arena, align)
     total = partials_at + max(align_up(partial_bytes, align), align)
@@ -203,10 +232,13 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool) -> tuple[d
     sum_counter_ints = gemms[1].ntiles if summed else 0
     workspace = {"bytes": total, "alignment": align, "arena_bytes": arena, "buffers": offsets,
                  "partials": {"offset": partials_at, "bytes": partial_bytes}}
-    state = {"bytes": sum_counters_at + align_up(sum_counter_ints * 4, align),
+    one_at = sum_counters_at + align_up(sum_counter_ints * 4, align)
+    one_ints = one_launch["state_ints"] if one_launch else 0
+    state = {"bytes": one_at + align_up(one_ints * 4, align),
              "counters": {"offset": 0, "ints": counter_ints},
              **({"sum_counters": {"offset": sum_counters_at, "ints": sum_counter_ints}}
-                if summed else {})}
+                if summed else {}),
+             **({"one_launch": {"offset": one_at, "ints": one_ints}} if one_launch else {})}
     return workspace, state
 
 
@@ -239,6 +271,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
             v["route_kernel"] = f"{first}_routed" if gemm_route and v["kernel"] == first else None
     fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
     summed = gemms[1].sum_topk > 0
+    one_launch = _one_launch(spec, gemms, bool(router.attr("one_launch")))
     # buckets that share a block and split share a kernel: define each kernel once
     unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
               for g in gemms]
@@ -251,9 +284,9 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
                     gemm_route=gemm_route, bf16=spec.dtype == "bfloat16", zero_points=zeros,
-                    act_order=act_order)
+                    act_order=act_order, one_launch=one_launch)
 
-    workspace, state = _workspace(spec, module, gemms, summed)
+    workspace, state = _workspace(spec, module, gemms, summed, one_launch)
     first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
     buckets = gemms[0].variants
     plan = {
@@ -290,6 +323,11 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                **({"launch": "programmatic dependent (sm_90 and later)"}
                   if g.name == "down" and g.variants[0]["follows_from"] is not None else {})}
               for g in gemms if g.variants[0]["route_kernel"]],
+            *([{"name": one_launch["kernel"], "grid": one_launch["grid"],
+                "block": one_launch["block"], "bucket_max_tokens": 1,
+                "when": "T = 1 with router logits: the whole layer in one launch (gate/up, "
+                        "down and the top-k sum; each CTA routes the token itself)"}]
+              if one_launch else []),
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),
             *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],
@@ -307,6 +345,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
         "router": router.attr("router"),
         "route_align_max_tokens": fused_tokens,
         "gemm_route": gemm_route,
+        "one_launch": one_launch is not None,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": workspace,

@@ -112,7 +112,8 @@ class MoeW4A16:
     GATE_UP_PDL_MIN_TOKENS tokens, and the single-token bucket), waiting for it before they
     read anything, and the top-k sum follows the down GEMM so at every T (its launch overlaps
     that kernel). `pdl=False` launches each kernel after the one before (the same output, bit
-    for bit).
+    for bit). A call of one token with router logits runs the whole layer in one launch where
+    the plan has it (`tile{one-launch=1}`: moe_one_token; the same output, bit for bit).
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
@@ -148,6 +149,8 @@ class MoeW4A16:
             raise ValueError("act-order gathers rows by the top-k ids in memory: the plan must "
                              "route with the router and align kernels")
         self.pdl = pdl and pdl_supported(self.arch)
+        # a call of one token with router logits in one launch, where the plan has it
+        self.one_launch = self.plan["one_launch"]
         # the top-k sum kernel after the down GEMM with programmatic dependent launch
         self.aggregate_follows = any("launch" in k for k in self.plan["kernels"]
                                      if k["name"] == "moe_aggregate")
@@ -281,6 +284,9 @@ class MoeW4A16:
         ids = None                 # the slots' expert ids in memory (act-order reads them)
         # one token with router logits: every CTA of both GEMMs routes it (no launch here)
         in_gemm = logits is not None and t == 1 and self.gemm_route
+        if in_gemm and self.one_launch:
+            self._launch_one_token(cp, ws, xa, y, logits, weights)
+            return
         if in_gemm:
             one_token = (as_device(cp, logits, "router_logits", np.float32,
                                    (t, m.num_experts)),)
@@ -345,6 +351,24 @@ class MoeW4A16:
                 launch_after_previous(self.kernels["moe_aggregate"], grid, 256, args, stream)
             else:
                 self.kernels["moe_aggregate"](grid, (256,), args)
+
+
+    def _launch_one_token(self, cp, ws, xa, y, logits, weights: PackedMoeWeights) -> None:
+        """T = 1 with router logits: the whole layer in the one-launch kernel (moe_one_token)."""
+        m = self.spec.moe
+        act = activation_storage(self.dtype)
+        up, down = self.gemms
+        la = as_device(cp, logits, "router_logits", np.float32, (1, m.num_experts))
+        k = next(k for k in self.plan["kernels"] if k["name"] == "moe_one_token")
+        s = self.plan["state"]["one_launch"]
+        state = cp.ndarray((s["ints"],), dtype=cp.int32, memptr=self.state.data + s["offset"])
+        zeros = [z if z is not None else NULL for z in (weights.w13_zeros, weights.w2_zeros)]
+        self.kernels["moe_one_token"](
+            tuple(k["grid"]), (k["block"],),
+            (xa, weights.w13, weights.w13_scales, zeros[0], weights.w2, weights.w2_scales,
+             zeros[1], self._view(cp, ws, up["out"], act, m.top_k * up["nout"]),
+             self._view(cp, ws, down["out"], act, m.top_k * down["nout"]), y,
+             self._partials(cp, ws), state, la))
 
 
 class MsdMatmul:

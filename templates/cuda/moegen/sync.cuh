@@ -113,4 +113,30 @@ __device__ __forceinline__ bool last_to_arrive(int* counter, int arrivals, int& 
   return flag;
 }
 
+// Counting CTAs of one grid done with a piece of work, and waiting for them (the one-launch
+// layer: the down GEMM's CTAs of a moe block wait for the gate/up CTAs of that block). The CTA's
+// threads meet, then thread 0 adds one with release semantics at GPU scope: the meeting orders
+// every thread's writes before it. (The count is CTA-uniform work: every thread calls it.)
+__device__ __forceinline__ void count_done(int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
+// Every thread of the CTA waits until *counter reaches `count`: thread 0 reads it with acquire
+// semantics at GPU scope until it does, and the meeting after passes that on to the others.
+__device__ __forceinline__ void wait_for_count(const int* counter, int count) {
+  if (threadIdx.x == 0) {
+    int seen;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen >= count) break;
+#if __CUDA_ARCH__ >= 700
+      __nanosleep(64);
+#endif
+    }
+  }
+  __syncthreads();
+}
+
 }  // namespace moegen

@@ -26,17 +26,50 @@ namespace moegen {
 // WAITS_FIRST (the gate/up GEMM, launched so after the align kernel): the CTA waits for that
 // kernel before it reads anything (the routing comes from it), and only then releases its own
 // dependents, whose early reads take the routing as final.
+// ONE_LAUNCH (a CTA of the one-launch layer, which runs both GEMMs' CTAs in one grid): `work`
+// says which CTA this is and what a FOLLOWS CTA waits for (other CTAs of the grid, not the
+// kernel before), the kernel passes the rings' memory (one buffer for either GEMM's CTA:
+// ksplit_shared_bytes) instead of each declaring its own, and no dependent launch is released.
+// Which CTA of a GEMM's grid this is (its moe block, column tile and K range), and, for a
+// FOLLOWS CTA of the one-launch layer, what its ring waits for: ready[its block] reaching
+// `count` (the gate/up CTAs of its block done), instead of the kernel before.
+struct CtaWork {
+  int blk, tile, split;
+  const int* ready;
+  int count;
+};
+
+__device__ __forceinline__ CtaWork grid_work() {
+  return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z),
+          nullptr, 0};
+}
+
+// The shared memory of a K-split CTA: its warps' copy rings, reused for the partial sums after
+// the K loop (what grouped_gemm declares, or takes from its caller: ONE_LAUNCH).
+template <int BLOCK, int SPLIT, int KDIM, int G, int WARPS, int STAGES, int KS, bool DENSE,
+          bool HAS_ZERO>
+__host__ __device__ constexpr int ksplit_shared_bytes() {
+  constexpr int ROWS = (BLOCK + 7) / 8 * 8;
+  constexpr int WARP_STEPS = KDIM / 16 / SPLIT / WARPS;
+  constexpr bool STAGED_SCALES = !DENSE && WARP_STEPS % (G / 16) == 0;
+  constexpr int STAGE_BYTES = 512 * KS + ROWS * (32 * KS + 16) +
+                              (STAGED_SCALES ? SCALE_STAGE_BYTES * (HAS_ZERO ? 2 : 1) : 0);
+  constexpr int RING_BYTES = WARPS * STAGES * STAGE_BYTES, RED_BYTES = ROWS * 64 * 4;
+  return RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES;
+}
+
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
           int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false,
-          bool WAITS_FIRST = false, bool HAS_ZERO = false>
+          bool WAITS_FIRST = false, bool HAS_ZERO = false, bool ONE_LAUNCH = false>
 __device__ __forceinline__ void grouped_gemm(
     const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
     const uint4* __restrict__ zeros, const int* __restrict__ sorted_ids,
     const int* __restrict__ expert_ids, const int* __restrict__ total_ptr,
     const float* __restrict__ weights_flat, int num_slots, act_t* __restrict__ out,
     float* __restrict__ partials, int* __restrict__ counters, act_t* __restrict__ sum_out = nullptr,
-    int* __restrict__ sum_counters = nullptr, Routed routed = {}) {
+    int* __restrict__ sum_counters = nullptr, Routed routed = {}, CtaWork work = grid_work(),
+    unsigned char* caller_shared = nullptr) {
   constexpr int NT = (BLOCK + 7) / 8;  // n8 tiles of block rows (the MMA's N)
   constexpr int KSTEPS = KDIM / 16;
   constexpr int CTA_STEPS = KSTEPS / SPLIT;
@@ -68,7 +101,17 @@ __device__ __forceinline__ void grouped_gemm(
   // every stage on a 128-byte line (a ring 16 bytes off a 32-byte boundary measured 10-20%
   // slower in the MSD kernel: docs/DESIGN.md)
   static_assert(STAGE_BYTES % 128 == 0, "ring stages on 128-byte lines");
-  __shared__ __align__(128) unsigned char smem[RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES];
+  constexpr int SMEM_BYTES =
+      ksplit_shared_bytes<BLOCK, SPLIT, KDIM, G, WARPS, STAGES, KS, DENSE, HAS_ZERO>();
+  static_assert(SMEM_BYTES == (RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES),
+                "ksplit_shared_bytes sizes this CTA's rings");
+  unsigned char* smem;
+  if constexpr (ONE_LAUNCH) {
+    smem = caller_shared;
+  } else {
+    __shared__ __align__(128) unsigned char own[SMEM_BYTES];
+    smem = own;
+  }
   __shared__ int last_cta;
   float (*red)[64] = reinterpret_cast<float (*)[64]>(smem);  // after the K loop
 
@@ -80,10 +123,10 @@ __device__ __forceinline__ void grouped_gemm(
   // not take issue slots and bandwidth from it while they wait (measured: 2 us faster than
   // plain launches at Mixtral T = 1, where releasing at the start was 5 us slower).
   if constexpr (WAITS_FIRST) wait_for_previous_kernel();
-  if constexpr (!RELEASE_AFTER_LOOP) release_dependents();
+  if constexpr (!RELEASE_AFTER_LOOP && !ONE_LAUNCH) release_dependents();
   // blocks vary fastest, so the CTAs that read one weight tile (all blocks of an expert) run
   // close together and the tile comes from DRAM once, from L2 after
-  const int blk = blockIdx.x, tile = blockIdx.y, split = blockIdx.z;
+  const int blk = work.blk, tile = work.tile, split = work.split;
   if (!DENSE && blk * BLOCK >= *total_ptr) return;  // grid is sized for the worst case
   const int expert = DENSE ? 0 : expert_ids[blk];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -295,7 +338,12 @@ __device__ __forceinline__ void grouped_gemm(
     }
   };
 
-  prime_ring<STAGES, FOLLOWS>(WARP_ITERS, issue_weights, issue_rows);
+  prime_ring<STAGES, FOLLOWS>(WARP_ITERS, issue_weights, issue_rows, [&] {
+    if constexpr (ONE_LAUNCH)
+      wait_for_count(work.ready + blk, work.count);
+    else
+      wait_for_previous_kernel();
+  });
   cp_async_wait<STAGES - 1>();  // stage 0 has landed
   __syncwarp();
   Frags f0, f1;  // trade roles every iteration, in registers
@@ -333,7 +381,7 @@ __device__ __forceinline__ void grouped_gemm(
       }
     }
   }
-  if constexpr (RELEASE_AFTER_LOOP) release_dependents();
+  if constexpr (RELEASE_AFTER_LOOP && !ONE_LAUNCH) release_dependents();
   end_group();
   cp_async_wait<0>();
   __syncthreads();  // the rings are free: red reuses their memory
@@ -352,7 +400,7 @@ __device__ __forceinline__ void grouped_gemm(
         for (int c = 0; c < 4; ++c)
           f(nt * 8 + kq + (c & 1), t * 16 + lane / 4 + (c >= 2 ? 8 : 0), acc[t][nt][c]);
   };
-  constexpr bool RED_APART = WARPS * RED_BYTES <= sizeof(smem);
+  constexpr bool RED_APART = WARPS * RED_BYTES <= SMEM_BYTES;
   if constexpr (RED_APART) {
     float (*mine)[64] = reinterpret_cast<float (*)[64]>(smem + warp * RED_BYTES);
     acc_at([&](int r, int col, float v) { mine[r][col] = v; });

@@ -4,18 +4,25 @@
 
 namespace moegen {
 
+// What a FOLLOWS ring waits for before it copies rows: by default the kernel before it
+// (programmatic dependent launch).
+struct PreviousKernel {
+  __device__ __forceinline__ void operator()() const { wait_for_previous_kernel(); }
+};
+
 // The first AHEAD stages of a copy ring, one commit group each, for a K range of `iters`
 // stages: issue_weights(s) then issue_rows(s). FOLLOWS (a kernel launched with programmatic
-// dependent launch, whose input rows the kernel before it writes): every one of those stages'
-// weights first, then the wait for that kernel, then the rows (the first commit group holds
-// all the early weights).
-template <int AHEAD, bool FOLLOWS, typename Weights, typename Rows>
-__device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Rows issue_rows) {
+// dependent launch, whose input rows the kernel before it writes, or a CTA whose rows other
+// CTAs of its grid write): every one of those stages' weights first, then wait() (for that
+// kernel, or those CTAs), then the rows (the first commit group holds all the early weights).
+template <int AHEAD, bool FOLLOWS, typename Weights, typename Rows, typename Wait = PreviousKernel>
+__device__ __forceinline__ void prime_ring(int iters, Weights issue_weights, Rows issue_rows,
+                                           Wait wait = {}) {
   if constexpr (FOLLOWS) {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s)
       if (s < iters) issue_weights(s);
-    wait_for_previous_kernel();
+    wait();
   }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
