@@ -636,7 +636,7 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
     plain = layer_for(spec, pipeline=pipeline.format(split=""), pdl=False)
     apart = layer_for(spec, pipeline=pipeline.format(split="{route-in-gemm=0}"))
     assert layer.gemm_route and not apart.gemm_route
-    assert one.one_launch and not layer.one_launch
+    assert one.one_launch is not None and layer.one_launch is None
     assert all(g["variants"][0]["route_kernel"] for g in layer.gemms)
     host_w = moe_weights(rng, e, h, i, 128)
     packed = layer.pack(*host_w)

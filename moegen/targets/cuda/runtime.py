@@ -149,8 +149,10 @@ class MoeW4A16:
             raise ValueError("act-order gathers rows by the top-k ids in memory: the plan must "
                              "route with the router and align kernels")
         self.pdl = pdl and pdl_supported(self.arch)
-        # a call of one token with router logits in one launch, where the plan has it
-        self.one_launch = self.plan["one_launch"]
+        # a call of one token with router logits in one launch, where the plan has it: its
+        # launch plan entry
+        self.one_launch = next((k for k in self.plan["kernels"]
+                                if k["name"] == "moe_one_token"), None)
         # the top-k sum kernel after the down GEMM with programmatic dependent launch
         self.aggregate_follows = any("launch" in k for k in self.plan["kernels"]
                                      if k["name"] == "moe_aggregate")
@@ -284,7 +286,7 @@ class MoeW4A16:
         ids = None                 # the slots' expert ids in memory (act-order reads them)
         # one token with router logits: every CTA of both GEMMs routes it (no launch here)
         in_gemm = logits is not None and t == 1 and self.gemm_route
-        if in_gemm and self.one_launch:
+        if in_gemm and self.one_launch is not None:
             self._launch_one_token(cp, ws, xa, y, logits, weights)
             return
         if in_gemm:
@@ -352,14 +354,13 @@ class MoeW4A16:
             else:
                 self.kernels["moe_aggregate"](grid, (256,), args)
 
-
     def _launch_one_token(self, cp, ws, xa, y, logits, weights: PackedMoeWeights) -> None:
         """T = 1 with router logits: the whole layer in the one-launch kernel (moe_one_token)."""
         m = self.spec.moe
         act = activation_storage(self.dtype)
         up, down = self.gemms
         la = as_device(cp, logits, "router_logits", np.float32, (1, m.num_experts))
-        k = next(k for k in self.plan["kernels"] if k["name"] == "moe_one_token")
+        k = self.one_launch
         s = self.plan["state"]["one_launch"]
         state = cp.ndarray((s["ints"],), dtype=cp.int32, memptr=self.state.data + s["offset"])
         zeros = [z if z is not None else NULL for z in (weights.w13_zeros, weights.w2_zeros)]
