@@ -99,8 +99,10 @@ def test_launch_plan_lists_both_templates():
     assert plan["tile"]["occupancy"] == 6               # M = 1: 6 CTAs an SM, in one wave
     source = emit(SEED, "cuda")["msd-seed.cu"]
     assert "__launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)" in source
-    # 3 unfolded rows: the s8 MMA takes them as its B operand (the other form is not emitted)
-    assert "multiply_rows_as_b(sh" in source and "multiply_rows_as_a" not in source
+    # 3 unfolded rows: the s8 MMA takes them as its B operand (both forms are templates, and
+    # matmul calls this one by if constexpr: only it is instantiated)
+    assert "constexpr bool ROWS_AS_B = true;" in source
+    assert "if constexpr (ROWS_AS_B)\n    multiply_rows_as_b(sh" in source
     assert pre["block"] == 32 * (2 + 2)                 # M = 1: two vector and two matrix warps
 
 

@@ -37,6 +37,9 @@ constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
 // The integer MMA: s8 (mma.sync m16n8k32 s8 x s8, the weights widened in registers) or s4
 // (m16n8k64 s4 x u4). The kernel's two forms differ by `if constexpr (MMA_S8)`.
 constexpr bool MMA_S8 = true;
+// the s8 MMA with the unfolded rows (at most 8) as its B operand (multiply_rows_as_b), else
+// with them as its A operand (multiply_rows_as_a): `if constexpr (ROWS_AS_B)` in matmul
+constexpr bool ROWS_AS_B = true;
 // s8: the unfolded A as int8 in MMA fragment order: per m16 tile, k32 block and lane the four
 // words of its A fragment, rows lane / 4 and lane / 4 + 8 at the k of the weights' word lane % 4
 // in that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_s4_x16
@@ -305,19 +308,22 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
 // its rows 0..7) and the weights as its A operand (m16: two n8 tiles, 16 columns). M = 1
 // (3 rows) issues half the MMAs it would with the rows as the A operand (16 rows, 13 of them
 // empty); the int32 sums are the same.
-static_assert(ROWS <= 8, "one n8 tile of unfolded rows");
+// (Both forms are templates on the matrix warp's n8 tiles: only the one `matmul` calls is
+// instantiated.)
+template <int N8 = WARP_N8>
 __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh,
                                                    const uint2 (&b)[WARP_N8][KSTEPS],
                                                    const unsigned* au, int cw, int y_slot) {
+  static_assert(N8 % 2 == 0 && ROWS <= 8, "n8 tiles in pairs, one n8 tile of unfolded rows");
   const int lane = threadIdx.x & 31;
   const unsigned flip = moegen::pinned(moegen::WIDEN_FLIP);
-  int c[WARP_N8 / 2][4] = {};
+  int c[N8 / 2][4] = {};
 #pragma unroll
   for (int h = 0; h < KSTEPS; ++h) {
     const uint4* frags = reinterpret_cast<const uint4*>(au) + 2 * h * 32 + lane;
     const uint4 f0 = frags[0], f1 = frags[32];  // k32 blocks 2h and 2h + 1
 #pragma unroll
-    for (int p = 0; p < WARP_N8 / 2; ++p) {
+    for (int p = 0; p < N8 / 2; ++p) {
       // columns 16 p + lane / 4 (tile 2 p) and + 8 (tile 2 p + 1): even k, then odd k
       unsigned a_lo[4], a_hi[4];
       moegen::widen_s4_x16(b[2 * p][h].x, flip, a_lo[0], a_lo[2]);
@@ -330,13 +336,62 @@ __device__ __forceinline__ void multiply_rows_as_b(const Shared& sh,
   }
   // c[p][q]: column 16 p + lane / 4 (+ 8 from q = 2), row 2 (lane % 4) (+ 1 for odd q)
 #pragma unroll
-  for (int p = 0; p < WARP_N8 / 2; ++p)
+  for (int p = 0; p < N8 / 2; ++p)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int row = 2 * (lane % 4) + (q & 1);
-      const int col = (cw * WARP_N8 + 2 * p) * 8 + lane / 4 + (q >= 2 ? 8 : 0);
+      const int col = (cw * N8 + 2 * p) * 8 + lane / 4 + (q >= 2 ? 8 : 0);
       if (row < ROWS) sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col] = c[p][q];
     }
+}
+// Y[y_slot] with the unfolded rows as the MMA's A operand (m16 tiles of them) and each n8 tile of
+// weights as its B operand: the s4 MMA, and the s8 one above 8 rows (equal MMAs, fewer
+// conversions) or where a matrix warp has an odd number of n8 tiles
+template <int N8 = WARP_N8>
+__device__ __forceinline__ void multiply_rows_as_a(const Shared& sh,
+                                                   const uint2 (&b)[WARP_N8][KSTEPS],
+                                                   const unsigned* au, int cw, int y_slot) {
+  const int lane = threadIdx.x & 31;
+  // (s8: the widening's byte mask pinned in a register; s4 never reads it)
+  const unsigned flip = MMA_S8 ? moegen::pinned(moegen::WIDEN_FLIP) : 0u;
+  for (int mt = 0; mt < MT; ++mt) {
+    int c[WARP_N8][4] = {};
+#pragma unroll
+    for (int h = 0; h < KSTEPS; ++h) {
+      if constexpr (MMA_S8) {
+        // the A fragments of k32 blocks 2h (the weights' word .x) and 2h + 1 (.y)
+        const uint4* frags =
+            reinterpret_cast<const uint4*>(au) + (mt * KBLOCKS + 2 * h) * 32 + lane;
+        const uint4 f0 = frags[0], f1 = frags[32];
+        const unsigned lo[4] = {f0.x, f0.y, f0.z, f0.w}, hi[4] = {f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+        for (int j = 0; j < WARP_N8; ++j) {
+          unsigned e0, o0, e1, o1;
+          moegen::widen_s4_x16(b[j][h].x, flip, e0, o0);
+          moegen::widen_s4_x16(b[j][h].y, flip, e1, o1);
+          moegen::mma_s8s8_16832(c[j], lo, e0, o0);
+          moegen::mma_s8s8_16832(c[j], hi, e1, o1);
+        }
+      } else {
+        const int r0 = mt * 16 + lane / 4, wi = h * 8 + lane % 4;
+        const unsigned a[4] = {au[r0 * UNFOLD_STRIDE + wi], au[(r0 + 8) * UNFOLD_STRIDE + wi],
+                               au[r0 * UNFOLD_STRIDE + wi + 4],
+                               au[(r0 + 8) * UNFOLD_STRIDE + wi + 4]};
+#pragma unroll
+        for (int j = 0; j < WARP_N8; ++j) moegen::mma_s4u4_16864(c[j], a, b[j][h].x, b[j][h].y);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < WARP_N8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {    // rows lane / 4 and lane / 4 + 8 of the tile
+        const int row = mt * 16 + lane / 4 + 8 * half;
+        const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
+        if (row < ROWS)
+          *reinterpret_cast<int2*>(&sh.y[((size_t)y_slot * ROWS + row) * Y_STRIDE + col]) =
+              make_int2(c[j][2 * half], c[j][2 * half + 1]);
+      }
+  }
 }
 
 // int32 Y[y_slot] = unfolded A[unfold_slot] x 16 W[group g,
@@ -355,7 +410,10 @@ __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict
     for (int h = 0; h < KSTEPS; ++h) b[j][h] = stage[(j * KSTEPS + h) * 32 + lane];
   load_w(sh, w, cw, g + W_STAGES - 1);
   const unsigned* au = sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS;
-  multiply_rows_as_b(sh, b, au, cw, y_slot);
+  if constexpr (ROWS_AS_B)
+    multiply_rows_as_b(sh, b, au, cw, y_slot);
+  else
+    multiply_rows_as_a(sh, b, au, cw, y_slot);
 }
 
 // the merge column of this lane's j-th column slot in merging warp m's share of the CTA's columns
