@@ -12,56 +12,10 @@ from dataclasses import dataclass, replace
 from .build import MOE_BLOCK_CHOICES
 from .spec import Spec, load_spec
 from .target import GpuTarget, gpu_target
-from .tile_model import GemmTile
+from .tile_model import GemmTile, MoeConfig
 from .tuning import Device, TuningDB
 
 # --- the config space ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """One point of the sweep at one token count: the moe block, the K splits of the gate/up
-    and of the down GEMM, the most copy-ring stages, k per ring stage and warps per CTA
-    (block_n is the packed weight tile, 64).
-    - col_tiles > 1 (a prefill size's candidate): the wide CTA of that many column tiles and
-      warp_rows rows a warp (its warps follow from its shape), on warpgroup MMA where wgmma is
-      1 and its tile allows; split over K as split_k and split_k_down say, registers capped
-      where split (wide_split_configs).
-    - wide_decode 1: the wide CTA as the tile pass's default splits it (the wide decode bucket,
-      and a prefill bucket whose calls leave the SMs short): registers capped, its split doubled
-      in the grid for calls to pick from. Only a kept default is recorded so.
-    - moe_block 128: the tall tile (its k a stage, columns, rows and warps its own; only the
-      stages vary)."""
-    moe_block: int
-    split_k: int
-    stages: int = 8
-    split_k_down: int | None = None          # None: as split_k
-    block_k: int = 16
-    warps: int = 4
-    col_tiles: int = 1
-    warp_rows: int = 32                      # the wide CTA's rows per warp
-    wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
-    wide_decode: int = 0                     # the wide CTA split over K as the default's
-
-    def pipeline(self, fuse_swiglu: bool = True) -> str:
-        from .build import TALL_BLOCK
-        down = self.split_k if self.split_k_down is None else self.split_k_down
-        # (the wide CTA is a prefill size's candidate: its splits are the prefill buckets')
-        split = "prefill-split-k" if self.col_tiles > 1 else "split-k"
-        tile = (f"tile{{moe-block={TALL_BLOCK},stages={self.stages}}}"
-                if self.moe_block == TALL_BLOCK else
-                f"tile{{moe-block={self.moe_block},{split}={self.split_k},{split}-down={down},"
-                f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
-                f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}")
-        return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [tile,
-                                                                                    "alloc"])
-
-    def as_dict(self) -> dict:
-        return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
-                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
-                "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
-                "warp_rows": self.warp_rows, "wgmma": self.wgmma,
-                **({"wide_decode": 1} if self.wide_decode else {})}
-
 
 STAGE_CHOICES = (2, 4, 8)
 # (k per ring stage, warps per CTA): the tile pass's default first, so that a sweep cut short

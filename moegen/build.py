@@ -6,13 +6,14 @@ from .ir.core import Value
 from .ir.types import TensorType
 from .resources import pipeline_file
 from .spec import Spec, load_spec
+from .tile_model import TALL_BLOCK
 
 # Block sizes of the K-split and wide CTAs that a MoE layer may pick per token bucket (the tile
-# pass and autotune choose among them); the tall prefill tile's block (the tile pass gives it to
-# calls whose average expert gets many slots) is larger and bounds the routing index buffers.
+# pass and autotune choose among them); the tall prefill tile's block (TALL_BLOCK: the tile pass
+# gives it to calls whose average expert gets many slots) is larger and bounds the routing index
+# buffers.
 MOE_BLOCK_CHOICES = (8, 16, 32, 64)
 ACTIVATION_TYPES = {"float16": "f16", "bfloat16": "bf16"}      # spec dtype -> IR element type
-TALL_BLOCK = 128
 
 
 def capacity_block(spec: Spec) -> int:

@@ -1,12 +1,15 @@
 """The MoE GEMM tile as typed values: what the tile pass chooses per token bucket
 (`GemmTile`), how the IR carries it (one `tile` attribute of a grouped GEMM: block_n and one
-list per field, a bucket an index), and a tuning entry's bucket as the tile pass reads it
-(`TunedBucket`). The IR verifier, the emitter and autotune read tiles through these, never by
-position."""
+list per field, a bucket an index), one point of autotune's sweep as the tuning database
+records it (`MoeConfig`), and a tuning entry's bucket as the tile pass reads it (`TunedBucket`:
+an edge and a MoeConfig's fields). The IR verifier, the emitter, autotune and the database read
+tiles through these, never by position."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
+
+TALL_BLOCK = 128      # the tall prefill tile's moe block (rows an expert's block holds)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,68 @@ class GemmTile:
         rows = [asdict(t) for t in tiles]
         return {"block_n": block_n,
                 **{n: [r[n] for r in rows] for n in GemmTile.field_names()}}
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """One point of the sweep at one token count: the moe block, the K splits of the gate/up
+    and of the down GEMM, the most copy-ring stages, k per ring stage and warps per CTA
+    (block_n is the packed weight tile, 64).
+    - col_tiles > 1 (a prefill size's candidate): the wide CTA of that many column tiles and
+      warp_rows rows a warp (its warps follow from its shape), on warpgroup MMA where wgmma is
+      1 and its tile allows; split over K as split_k and split_k_down say, registers capped
+      where split (wide_split_configs).
+    - wide_decode 1: the wide CTA as the tile pass's default splits it (the wide decode bucket,
+      and a prefill bucket whose calls leave the SMs short): registers capped, its split doubled
+      in the grid for calls to pick from. Only a kept default is recorded so.
+    - moe_block 128: the tall tile (its k a stage, columns, rows and warps its own; only the
+      stages vary)."""
+    moe_block: int
+    split_k: int
+    stages: int = 8
+    split_k_down: int | None = None          # None: as split_k
+    block_k: int = 16
+    warps: int = 4
+    col_tiles: int = 1
+    warp_rows: int = 32                      # the wide CTA's rows per warp
+    wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
+    wide_decode: int = 0                     # the wide CTA split over K as the default's
+
+    def pipeline(self, fuse_swiglu: bool = True) -> str:
+        """The pass pipeline that builds this config's kernels."""
+        down = self.split_k if self.split_k_down is None else self.split_k_down
+        # (the wide CTA is a prefill size's candidate: its splits are the prefill buckets')
+        split = "prefill-split-k" if self.col_tiles > 1 else "split-k"
+        tile = (f"tile{{moe-block={TALL_BLOCK},stages={self.stages}}}"
+                if self.moe_block == TALL_BLOCK else
+                f"tile{{moe-block={self.moe_block},{split}={self.split_k},{split}-down={down},"
+                f"stages={self.stages},block-k={self.block_k},warps={self.warps},"
+                f"wide-cols={self.col_tiles},warp-rows={self.warp_rows},wgmma={self.wgmma}}}")
+        return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [tile,
+                                                                                    "alloc"])
+
+    def as_dict(self, wide_decode: bool = False) -> dict:
+        """The config by field name, as the database records it (wide_decode only where set,
+        unless asked for)."""
+        return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
+                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
+                "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
+                "warp_rows": self.warp_rows, "wgmma": self.wgmma,
+                **({"wide_decode": self.wide_decode} if self.wide_decode or wide_decode
+                   else {})}
+
+    # what a recorded config lacking a field (recorded before the field existed) was measured
+    # with: the tile pass's choices of then
+    RECORDED_BEFORE = {"stages": 8, "block_k": 16, "warps": 4, "col_tiles": 1, "warp_rows": 32,
+                       "wgmma": 0, "wide_decode": 0}
+
+    @classmethod
+    def from_record(cls, config: dict) -> "MoeConfig":
+        """A config as the tuning database recorded it (`as_dict`), the fields it lacks as
+        they were measured."""
+        return cls(config["moe_block"], config["split_k"],
+                   split_k_down=config.get("split_k_down", config["split_k"]),
+                   **{k: config.get(k, v) for k, v in cls.RECORDED_BEFORE.items()})
 
 
 class TunedBucket(NamedTuple):

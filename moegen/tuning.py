@@ -30,7 +30,7 @@ from pathlib import Path
 from .build import build
 from .spec import Spec
 from .target import GpuTarget, gpu_target
-from .tile_model import TunedBucket
+from .tile_model import MoeConfig, TunedBucket
 from .version import __version__
 
 ENV = "MOEGEN_TUNING_DB"
@@ -70,15 +70,9 @@ def kernel_sources() -> str:
 
 
 def _tuned_bucket(edge: int, config: dict) -> TunedBucket:
-    """A recorded config as the tile pass reads a bucket; fields recorded before they existed
-    take the values those configs were measured with."""
-    return TunedBucket(edge, config["moe_block"], config["split_k"],
-                       stages=config.get("stages", 8),
-                       split_k_down=config.get("split_k_down", config["split_k"]),
-                       block_k=config.get("block_k", 16), warps=config.get("warps", 4),
-                       col_tiles=config.get("col_tiles", 1),
-                       warp_rows=config.get("warp_rows", 32), wgmma=config.get("wgmma", 0),
-                       wide_decode=config.get("wide_decode", 0))
+    """A recorded config as the tile pass reads a bucket (MoeConfig.from_record: fields
+    recorded before they existed take the values those configs were measured with)."""
+    return TunedBucket(edge, **MoeConfig.from_record(config).as_dict(wide_decode=True))
 
 
 def entry_key(spec: Spec, device: Device) -> str:
