@@ -89,15 +89,12 @@ class MoeConfig:
         return ",".join(["fuse-align"] + (["fuse-swiglu"] if fuse_swiglu else []) + [tile,
                                                                                     "alloc"])
 
-    def as_dict(self, wide_decode: bool = False) -> dict:
-        """The config by field name, as the database records it (wide_decode only where set,
-        unless asked for)."""
+    def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
                 "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
                 "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
                 "warp_rows": self.warp_rows, "wgmma": self.wgmma,
-                **({"wide_decode": self.wide_decode} if self.wide_decode or wide_decode
-                   else {})}
+                **({"wide_decode": 1} if self.wide_decode else {})}
 
     # what a recorded config lacking a field (recorded before the field existed) was measured
     # with: the tile pass's choices of then

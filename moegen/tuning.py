@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .build import build
@@ -72,7 +72,7 @@ def kernel_sources() -> str:
 def _tuned_bucket(edge: int, config: dict) -> TunedBucket:
     """A recorded config as the tile pass reads a bucket (MoeConfig.from_record: fields
     recorded before they existed take the values those configs were measured with)."""
-    return TunedBucket(edge, **MoeConfig.from_record(config).as_dict(wide_decode=True))
+    return TunedBucket(edge, **asdict(MoeConfig.from_record(config)))
 
 
 def entry_key(spec: Spec, device: Device) -> str:

@@ -129,6 +129,8 @@ VERIFY_RULES = [
     ("moe", "{k = K, renormalize = true}", "{k = K, renormalize = 1}", "must be of kind bool"),
     ("moe", "{k = K, renormalize = true}", "{k = K, renorm = true}", "unknown attribute 'renorm'"),
     ("moe", "{k = K, renormalize = true}", "{renormalize = true}", "attribute 'k' is required"),
+    ("moe", "{k = K, renormalize = true}", "{k = K, renormalize = true, one_launch = true}",
+     "one_launch needs gemm_route"),
     ("moe", "{block = B} :", "{block = 0} :", "attribute block = 0 must be >= 1"),
     ("moe", "{block = B} :", "{block = B, block_buckets = [[64, 8], [8, 16]]} :", "ascend in max_tokens"),
     ("moe", "{block = B} :", "{block = B, block_buckets = [[64, 32]]} :", "every bucket's block"),

@@ -83,6 +83,8 @@ class TopkSoftmaxOp(Op):
         router = self.attr("router")
         self.check(router in ROUTERS, f"attribute router = {router!r} must be one of {ROUTERS}")
         self.check(self.attr("align_tokens") >= 0, "attribute align_tokens must be >= 0")
+        self.check(not self.attr("one_launch") or self.attr("gemm_route"),
+                   "attribute one_launch needs gemm_route (the one launch routes in the GEMMs)")
 
 
 class CountOp(Op):

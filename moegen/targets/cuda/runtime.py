@@ -270,6 +270,9 @@ class MoeW4A16:
         """The call's launches on `stream` (current), reading and writing the workspace `ws`."""
         m = self.spec.moe
         t = xa.shape[0]
+        if logits is not None and t == 1 and self.one_launch is not None:
+            self._launch_one_token(cp, ws, xa, y, logits, weights)
+            return
         k, slots = m.top_k, t * m.top_k
         bucket = next((i for i, (edge, _) in enumerate(self.plan["buckets"]) if t <= edge),
                       len(self.plan["buckets"]) - 1)
@@ -286,9 +289,6 @@ class MoeW4A16:
         ids = None                 # the slots' expert ids in memory (act-order reads them)
         # one token with router logits: every CTA of both GEMMs routes it (no launch here)
         in_gemm = logits is not None and t == 1 and self.gemm_route
-        if in_gemm and self.one_launch is not None:
-            self._launch_one_token(cp, ws, xa, y, logits, weights)
-            return
         if in_gemm:
             one_token = (as_device(cp, logits, "router_logits", np.float32,
                                    (t, m.num_experts)),)
@@ -360,16 +360,13 @@ class MoeW4A16:
         act = activation_storage(self.dtype)
         up, down = self.gemms
         la = as_device(cp, logits, "router_logits", np.float32, (1, m.num_experts))
-        k = self.one_launch
-        s = self.plan["state"]["one_launch"]
-        state = cp.ndarray((s["ints"],), dtype=cp.int32, memptr=self.state.data + s["offset"])
         zeros = [z if z is not None else NULL for z in (weights.w13_zeros, weights.w2_zeros)]
         self.kernels["moe_one_token"](
-            tuple(k["grid"]), (k["block"],),
+            tuple(self.one_launch["grid"]), (self.one_launch["block"],),
             (xa, weights.w13, weights.w13_scales, zeros[0], weights.w2, weights.w2_scales,
              zeros[1], self._view(cp, ws, up["out"], act, m.top_k * up["nout"]),
              self._view(cp, ws, down["out"], act, m.top_k * down["nout"]), y,
-             self._partials(cp, ws), state, la))
+             self._partials(cp, ws), self._counters(cp, "one_launch"), la))
 
 
 class MsdMatmul:

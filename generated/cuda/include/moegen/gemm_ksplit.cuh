@@ -4,32 +4,6 @@
 
 namespace moegen {
 
-// ---------------------------------------------------------------------------------------------
-// Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
-// K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
-// through its own ring of STAGES shared-memory stages filled by cp.async (weights and the
-// block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a warp keeps
-// several KB in flight without holding them in registers; the fragments of the next stage are
-// read while the current one is multiplied, and a group's scales are held in registers (they
-// come through the ring, or from global memory: STAGED_SCALES). Partial sums meet in shared
-// memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them
-// in split order: deterministic. DENSE: rows are the activation rows
-// themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
-// SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds
-// every token's SUM_TOPK routed rows of that tile into sum_out, in k order (topk_sum_chunk).
-// HAS_ZERO (asymmetric int4): `zeros` holds z - 8 per group and column in the scales' packed
-// layout; they come where the scales come from, and each dequantized weight is less its zero
-// before the scale (zero_frag).
-// FOLLOWS (the down GEMM, launched with programmatic dependent launch): the routing is final
-// when the CTA starts, its input activations are not; so it copies the weights of its first
-// STAGES ring stages, then waits for the kernel before it, then copies those stages' rows.
-// WAITS_FIRST (the gate/up GEMM, launched so after the align kernel): the CTA waits for that
-// kernel before it reads anything (the routing comes from it), and only then releases its own
-// dependents, whose early reads take the routing as final.
-// ONE_LAUNCH (a CTA of the one-launch layer, which runs both GEMMs' CTAs in one grid): `work`
-// says which CTA this is and what a FOLLOWS CTA waits for (other CTAs of the grid, not the
-// kernel before), the kernel passes the rings' memory (one buffer for either GEMM's CTA:
-// ksplit_shared_bytes) instead of each declaring its own, and no dependent launch is released.
 // Which CTA of a GEMM's grid this is (its moe block, column tile and K range), and, for a
 // FOLLOWS CTA of the one-launch layer, what its ring waits for: ready[its block] reaching
 // `count` (the gate/up CTAs of its block done), instead of the kernel before.
@@ -58,6 +32,32 @@ __host__ __device__ constexpr int ksplit_shared_bytes() {
   return RING_BYTES > RED_BYTES ? RING_BYTES : RED_BYTES;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Grouped W4A16 GEMM. CTA = one moe block (BLOCK rows of one expert) x 64 columns x one of SPLIT
+// K ranges; its WARPS warps split that range. Each warp streams its k16 steps, KS per stage,
+// through its own ring of STAGES shared-memory stages filled by cp.async (weights and the
+// block's activation rows), STAGES - 1 stages ahead of the tensor cores, so a warp keeps
+// several KB in flight without holding them in registers; the fragments of the next stage are
+// read while the current one is multiplied, and a group's scales are held in registers (they
+// come through the ring, or from global memory: STAGED_SCALES). Partial sums meet in shared
+// memory in warp order, then (SPLIT > 1) in a workspace, where the last CTA of a tile adds them
+// in split order: deterministic. DENSE: rows are the activation rows
+// themselves (one expert, no routing) and the scales come as [K/G, NOUT] fp16, unpacked.
+// SUM_TOPK > 0 (epilogue topk_sum): after its rows, the last CTA to finish a column tile adds
+// every token's SUM_TOPK routed rows of that tile into sum_out, in k order (topk_sum_chunk).
+// HAS_ZERO (asymmetric int4): `zeros` holds z - 8 per group and column in the scales' packed
+// layout; they come where the scales come from, and each dequantized weight is less its zero
+// before the scale (zero_frag).
+// FOLLOWS (the down GEMM, launched with programmatic dependent launch): the routing is final
+// when the CTA starts, its input activations are not; so it copies the weights of its first
+// STAGES ring stages, then waits for the kernel before it, then copies those stages' rows.
+// WAITS_FIRST (the gate/up GEMM, launched so after the align kernel): the CTA waits for that
+// kernel before it reads anything (the routing comes from it), and only then releases its own
+// dependents, whose early reads take the routing as final.
+// ONE_LAUNCH (a CTA of the one-launch layer, which runs both GEMMs' CTAs in one grid): `work`
+// says which CTA this is and what a FOLLOWS CTA waits for (other CTAs of the grid, not the
+// kernel before), the kernel passes the rings' memory (one buffer for either GEMM's CTA:
+// ksplit_shared_bytes) instead of each declaring its own, and no dependent launch is released.
 template <int BLOCK, int SPLIT, int KDIM, int NTILES, int NOUT, int G, int WARPS, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, bool DENSE,
           int SUM_TOPK = 0, bool FOLLOWS = false, bool RELEASE_AFTER_LOOP = false,
