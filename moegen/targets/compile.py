@@ -1,7 +1,8 @@
 """`moegen compile`: lower a spec for a target and write what the target emits.
 
 Every output is a pure function of the spec and moegen's version (no timestamps), so the
-committed generated/ folder can be checked for staleness.
+committed generated/ folder can be checked for staleness; the C++ is written in the house style
+(cpp_format.py).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..ir import Module
 from ..passes.manager import PipelineError
 from ..passes.pipelines import default_pipeline, lower
 from ..spec import Spec
+from .cpp_format import format_sources
 
 
 def _ir_dumps(spec: Spec, target: str, pipeline: str | None,
@@ -46,7 +48,7 @@ def emit(spec: Spec, target: str, pipeline: str | None = None, tuning=None) -> d
         files = emit_msd_project(spec, module, text)
     else:
         raise PipelineError(f"target {target} does not emit pipeline {spec.pipeline} yet")
-    return {**files, **dumps}
+    return {**format_sources(files), **dumps}
 
 
 def compile_spec(spec: Spec, target: str, out_dir: str | Path,

@@ -22,7 +22,7 @@ constexpr int TOPK = 2;
 // (ties go to the lower expert id), weights renormalized to sum 1 when asked.
 constexpr int ROUTER_WARPS = 4;
 constexpr bool RENORMALIZE = true;
-constexpr int PER_LANE = (E + 31) / 32;   // a lane holds experts lane, lane + 32, ...
+constexpr int PER_LANE = (E + 31) / 32;  // a lane holds experts lane, lane + 32, ...
 // the top-k search: "shuffle" (five shuffle rounds of value and id per pick) or "redux" (one
 // redux.sync for the largest key, one for the lowest expert holding it)
 constexpr bool ROUTER_REDUX = true;
@@ -44,9 +44,9 @@ constexpr int PICKS_PER_LANE = (TOPK + 31) / 32;
 // (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
 // l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
 // each) are worked out after it, one pick a lane, off that chain.
-__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane,
-                                             int (&id)[TOPK], float (&w)[PICKS_PER_LANE]) {
-  unsigned key[PER_LANE];                  // redux: integer keys in the logits' order, 0 past E
+__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
+                                             float (&w)[PICKS_PER_LANE]) {
+  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
   float row_max = moegen::neg_inf();
   if constexpr (ROUTER_REDUX) {
     unsigned top = 0;
@@ -66,11 +66,11 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
   unsigned taken = 0;
-  float mine[PICKS_PER_LANE];              // the logits of this lane's picks
-  unsigned lane_key = 0u;                  // redux: the lane's best remaining key and its expert
+  float mine[PICKS_PER_LANE];  // the logits of this lane's picks
+  unsigned lane_key = 0u;      // redux: the lane's best remaining key and its expert
   int lane_e = E;
-  bool lane_won = true;                    // redux: the lane's expert was the last pick (or
-                                           // none was picked yet: every lane searches)
+  bool lane_won = true;  // redux: the lane's expert was the last pick (or
+                         // none was picked yet: every lane searches)
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
     float best;
@@ -104,7 +104,7 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
         }
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {   // larger logit wins, then the lower expert id
+      for (int o = 16; o > 0; o >>= 1) {  // larger logit wins, then the lower expert id
         const float ob = __shfl_xor_sync(0xffffffffu, best, o);
         const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
         if (ob > best || (ob == best && oe < best_e)) {
@@ -118,9 +118,9 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
     if (k % 32 == lane) mine[k / 32] = best;
   }
 #pragma unroll
-  for (int j = 0; j < PICKS_PER_LANE; ++j)   // (mine[j] is set where lane + 32 j < TOPK)
+  for (int j = 0; j < PICKS_PER_LANE; ++j)  // (mine[j] is set where lane + 32 j < TOPK)
     w[j] = expf((lane + 32 * j < TOPK ? mine[j] : row_max) - row_max) / denom;
-  if (RENORMALIZE) {                       // over the sum of the TOPK weights in pick order
+  if (RENORMALIZE) {  // over the sum of the TOPK weights in pick order
     float picked = 0.0f;
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
@@ -140,8 +140,8 @@ __device__ __forceinline__ void for_my_picks(const int (&id)[TOPK],
 }
 
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
-moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
-                float* __restrict__ topk_weights) {
+    moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
+                    float* __restrict__ topk_weights) {
   const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (token >= num_tokens) return;
@@ -185,7 +185,7 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
                                             float* __restrict__ weights_flat,
                                             int* __restrict__ total_out) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (warp == 0) {   // exclusive scan of the padded counts, CHUNK experts per lane
+  if (warp == 0) {  // exclusive scan of the padded counts, CHUNK experts per lane
     constexpr int CHUNK = (E + 31) / 32;
     int local = 0;
     for (int i = 0; i < CHUNK; ++i) {
@@ -226,7 +226,7 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
   for (int base = 0; base < num_slots; base += ALIGN_THREADS) {
     const int s = base + tid;
     const int id = s < num_slots ? ids[s] : -1;
-    const int e = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;   // (skipped)
+    const int e = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;  // (skipped)
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(same & lanes_below);
     if (e >= 0 && rank == 0) sh.warp_counts[warp][e] = __popc(same);
@@ -252,10 +252,10 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
 }
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
-moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
-          int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
-          float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  moegen::release_dependents();            // the gate/up GEMM's CTAs may start (and wait)
+    moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
+              int num_slots, int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+              float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   align_clear_counts(sh);
   __syncthreads();
@@ -268,7 +268,6 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
               total_out);
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Grouped W4A16 GEMMs (the mainloops are moegen::grouped_gemm, the K-split CTA, and
 // moegen::grouped_gemm_wide, the wide CTA of prefill buckets, or grouped_gemm_wgmma, the same
@@ -279,61 +278,62 @@ moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weigh
 // align kernel runs, and wait for it before anything else)
 // (releases the down GEMM's programmatic dependent launch after its K loop, not at its start)
 extern "C" __global__ void __launch_bounds__(64)
-moe_gemm_gate_up_b8_s1_p8_w2(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b8_s1_p8_w2(const act_t* a, const uint4* w, const uint4* scales,
+                                 const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                                 const int* total, const float* weights_flat, int num_slots,
+                                 act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
       /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(a, w, scales, zeros, sorted_ids,
+                                                         expert_ids, total, weights_flat, num_slots,
+                                                         out, partials, counters);
 }
 
 // gate_up: K = 4096, 448 tiles of 64 columns, block 8, split-K 1, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90 from T = 2: its CTAs are resident while the
 // align kernel runs, and wait for it before anything else)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_gate_up_b8_s1_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b8_s1_p8(const act_t* a, const uint4* w, const uint4* scales,
+                              const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                              const int* total, const float* weights_flat, int num_slots,
+                              act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
       /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(a, w, scales, zeros, sorted_ids,
+                                                          expert_ids, total, weights_flat,
+                                                          num_slots, out, partials, counters);
 }
 
 // gate_up: K = 4096, 448 tiles of 64 columns, block 16, split-K 1, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90 from T = 2: its CTAs are resident while the
 // align kernel runs, and wait for it before anything else)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_gate_up_b16_s1_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b16_s1_p8(const act_t* a, const uint4* w, const uint4* scales,
+                               const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                               const int* total, const float* weights_flat, int num_slots,
+                               act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/16, /*SPLIT=*/1, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
       /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(a, w, scales, zeros, sorted_ids,
+                                                          expert_ids, total, weights_flat,
+                                                          num_slots, out, partials, counters);
 }
 
 // gate_up: K = 4096, 448 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages
 // of 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const act_t* a, const uint4* w, const uint4* scales,
+                                          const uint4* zeros, const int* sorted_ids,
+                                          const int* expert_ids, const int* total,
+                                          const float* weights_flat, int num_slots, act_t* out,
+                                          float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma<
       /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128,
@@ -353,10 +353,11 @@ moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(
 // for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(512)
-moe_gemm_gate_up_b128_c4_tall_p4_k128(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b128_c4_tall_p4_k128(const act_t* a, const uint4* w, const uint4* scales,
+                                          const uint4* zeros, const int* sorted_ids,
+                                          const int* expert_ids, const int* total,
+                                          const float* weights_flat, int num_slots, act_t* out,
+                                          float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128, /*STAGES=*/4,
@@ -375,48 +376,48 @@ moe_gemm_gate_up_b128_c4_tall_p4_k128(
 // (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream
 // while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(64)
-moe_gemm_down_b8_s8_p8_w2(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b8_s8_p8_w2(const act_t* a, const uint4* w, const uint4* scales,
+                              const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                              const int* total, const float* weights_flat, int num_slots,
+                              act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/8, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
       /*WARPS=*/2, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials,
+      counters);
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 8, split-K 4, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream
 // while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b8_s4_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b8_s4_p8(const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros,
+                           const int* sorted_ids, const int* expert_ids, const int* total,
+                           const float* weights_flat, int num_slots, act_t* out, float* partials,
+                           int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
       /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials,
+      counters);
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 16, split-K 4, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream
 // while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b16_s4_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b16_s4_p8(const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros,
+                            const int* sorted_ids, const int* expert_ids, const int* total,
+                            const float* weights_flat, int num_slots, act_t* out, float* partials,
+                            int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/16, /*SPLIT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
       /*WARPS=*/4, /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials,
+      counters);
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 32; wide CTA of 4 column tiles, split-K 4 or,
@@ -425,10 +426,11 @@ moe_gemm_down_b16_s4_p8(
 // (registers capped for 4 CTAs an SM: decode-sized calls stream weights, and more CTAs keep more in
 // flight; on warpgroup MMA its copy addresses are pinned in registers)
 extern "C" __global__ void __launch_bounds__(128, 4)
-moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(const act_t* a, const uint4* w, const uint4* scales,
+                                                const uint4* zeros, const int* sorted_ids,
+                                                const int* expert_ids, const int* total,
+                                                const float* weights_flat, int num_slots,
+                                                act_t* out, float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma<
       /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128,
@@ -441,8 +443,8 @@ moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(
       /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/8, /*SPLIT_MANY=*/4, /*FILL_CTAS=*/475>(
 #endif
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      nullptr, nullptr, partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, nullptr,
+      nullptr, partials, counters);
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup
@@ -450,10 +452,11 @@ moe_gemm_down_b32_c4_r32_p4_k32_s4or8_wg_o4(
 // for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(512)
-moe_gemm_down_b128_c4_tall_p4_k128(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b128_c4_tall_p4_k128(const act_t* a, const uint4* w, const uint4* scales,
+                                       const uint4* zeros, const int* sorted_ids,
+                                       const int* expert_ids, const int* total,
+                                       const float* weights_flat, int num_slots, act_t* out,
+                                       float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128, /*STAGES=*/4,

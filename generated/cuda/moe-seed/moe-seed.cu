@@ -21,7 +21,7 @@ constexpr int TOPK = 2;
 // (ties go to the lower expert id), weights renormalized to sum 1 when asked.
 constexpr int ROUTER_WARPS = 4;
 constexpr bool RENORMALIZE = true;
-constexpr int PER_LANE = (E + 31) / 32;   // a lane holds experts lane, lane + 32, ...
+constexpr int PER_LANE = (E + 31) / 32;  // a lane holds experts lane, lane + 32, ...
 // the top-k search: "shuffle" (five shuffle rounds of value and id per pick) or "redux" (one
 // redux.sync for the largest key, one for the lowest expert holding it)
 constexpr bool ROUTER_REDUX = true;
@@ -43,9 +43,9 @@ constexpr int PICKS_PER_LANE = (TOPK + 31) / 32;
 // (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
 // l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
 // each) are worked out after it, one pick a lane, off that chain.
-__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane,
-                                             int (&id)[TOPK], float (&w)[PICKS_PER_LANE]) {
-  unsigned key[PER_LANE];                  // redux: integer keys in the logits' order, 0 past E
+__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
+                                             float (&w)[PICKS_PER_LANE]) {
+  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
   float row_max = moegen::neg_inf();
   if constexpr (ROUTER_REDUX) {
     unsigned top = 0;
@@ -65,11 +65,11 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
   unsigned taken = 0;
-  float mine[PICKS_PER_LANE];              // the logits of this lane's picks
-  unsigned lane_key = 0u;                  // redux: the lane's best remaining key and its expert
+  float mine[PICKS_PER_LANE];  // the logits of this lane's picks
+  unsigned lane_key = 0u;      // redux: the lane's best remaining key and its expert
   int lane_e = E;
-  bool lane_won = true;                    // redux: the lane's expert was the last pick (or
-                                           // none was picked yet: every lane searches)
+  bool lane_won = true;  // redux: the lane's expert was the last pick (or
+                         // none was picked yet: every lane searches)
 #pragma unroll
   for (int k = 0; k < TOPK; ++k) {
     float best;
@@ -103,7 +103,7 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
         }
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {   // larger logit wins, then the lower expert id
+      for (int o = 16; o > 0; o >>= 1) {  // larger logit wins, then the lower expert id
         const float ob = __shfl_xor_sync(0xffffffffu, best, o);
         const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
         if (ob > best || (ob == best && oe < best_e)) {
@@ -117,9 +117,9 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
     if (k % 32 == lane) mine[k / 32] = best;
   }
 #pragma unroll
-  for (int j = 0; j < PICKS_PER_LANE; ++j)   // (mine[j] is set where lane + 32 j < TOPK)
+  for (int j = 0; j < PICKS_PER_LANE; ++j)  // (mine[j] is set where lane + 32 j < TOPK)
     w[j] = expf((lane + 32 * j < TOPK ? mine[j] : row_max) - row_max) / denom;
-  if (RENORMALIZE) {                       // over the sum of the TOPK weights in pick order
+  if (RENORMALIZE) {  // over the sum of the TOPK weights in pick order
     float picked = 0.0f;
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
@@ -139,8 +139,8 @@ __device__ __forceinline__ void for_my_picks(const int (&id)[TOPK],
 }
 
 extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
-moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
-                float* __restrict__ topk_weights) {
+    moe_router_topk(const float* __restrict__ logits, int num_tokens, int* __restrict__ topk_ids,
+                    float* __restrict__ topk_weights) {
   const int token = blockIdx.x * ROUTER_WARPS + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (token >= num_tokens) return;
@@ -184,7 +184,7 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
                                             float* __restrict__ weights_flat,
                                             int* __restrict__ total_out) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (warp == 0) {   // exclusive scan of the padded counts, CHUNK experts per lane
+  if (warp == 0) {  // exclusive scan of the padded counts, CHUNK experts per lane
     constexpr int CHUNK = (E + 31) / 32;
     int local = 0;
     for (int i = 0; i < CHUNK; ++i) {
@@ -225,7 +225,7 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
   for (int base = 0; base < num_slots; base += ALIGN_THREADS) {
     const int s = base + tid;
     const int id = s < num_slots ? ids[s] : -1;
-    const int e = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;   // (skipped)
+    const int e = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;  // (skipped)
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(same & lanes_below);
     if (e >= 0 && rank == 0) sh.warp_counts[warp][e] = __popc(same);
@@ -251,10 +251,10 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, con
 }
 
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
-moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int num_slots,
-          int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
-          float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  moegen::release_dependents();            // the gate/up GEMM's CTAs may start (and wait)
+    moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
+              int num_slots, int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+              float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   align_clear_counts(sh);
   __syncthreads();
@@ -278,10 +278,10 @@ constexpr int TOKENS_PER_WARP = (ROUTE_ALIGN_MAX_TOKENS + ALIGN_WARPS - 1) / ALI
 // (One CTA, so bounded as one an SM: without that, ptxas held it to 64 registers at 512
 // experts, and spilled.)
 extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
-moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
-                int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
-                float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  moegen::release_dependents();            // the gate/up GEMM's CTAs may start (and wait)
+    moe_route_align(const float* __restrict__ logits, int num_tokens, int block,
+                    int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+                    float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   __shared__ int ids[ROUTE_ALIGN_MAX_TOKENS * TOPK];
   __shared__ float weights[ROUTE_ALIGN_MAX_TOKENS * TOPK];
@@ -338,7 +338,7 @@ __device__ __forceinline__ void route_one_token(const float* __restrict__ logits
     const int lane = threadIdx.x;
     float v[PER_LANE];
     load_logits(logits, 0, lane, v);
-    for (int x = lane; x < TOPK * BLOCK; x += 32) {   // (while the logits load)
+    for (int x = lane; x < TOPK * BLOCK; x += 32) {  // (while the logits load)
       r.sorted_ids[x] = TOPK;
       r.weights_flat[x] = 0.0f;
     }
@@ -373,17 +373,17 @@ __device__ __forceinline__ void route_one_token(const float* __restrict__ logits
 // align kernel runs, and wait for it before anything else)
 // (releases the down GEMM's programmatic dependent launch after its K loop, not at its start)
 extern "C" __global__ void __launch_bounds__(64)
-moe_gemm_gate_up_b4_s8_p8_w2(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b4_s8_p8_w2(const act_t* a, const uint4* w, const uint4* scales,
+                                 const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                                 const int* total, const float* weights_flat, int num_slots,
+                                 act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/4, /*SPLIT=*/8, /*KDIM=*/256, /*NTILES=*/4, /*NOUT=*/128, /*G=*/128, /*WARPS=*/2,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      /*RELEASE_AFTER_LOOP=*/true, /*WAITS_FIRST=*/true>(a, w, scales, zeros, sorted_ids,
+                                                         expert_ids, total, weights_flat, num_slots,
+                                                         out, partials, counters);
 }
 
 // moe_gemm_gate_up_b4_s8_p8_w2_routed: moe_gemm_gate_up_b4_s8_p8_w2 for a call of one token with
@@ -392,53 +392,52 @@ moe_gemm_gate_up_b4_s8_p8_w2(
 // no kernel). It takes the same arguments and the logits. (At least one CTA an SM asked for:
 // without it ptxas capped Qwen3's gate/up at 80 registers, and spilled.)
 extern "C" __global__ void __launch_bounds__(64, 1)
-moe_gemm_gate_up_b4_s8_p8_w2_routed(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters,
-    const float* logits) {
+    moe_gemm_gate_up_b4_s8_p8_w2_routed(const act_t* a, const uint4* w, const uint4* scales,
+                                        const uint4* zeros, const int* sorted_ids,
+                                        const int* expert_ids, const int* total,
+                                        const float* weights_flat, int num_slots, act_t* out,
+                                        float* partials, int* counters, const float* logits) {
   __shared__ OneTokenRouting<4> one;
   route_one_token(logits, one);
   moegen::grouped_gemm<
       /*BLOCK=*/4, /*SPLIT=*/8, /*KDIM=*/256, /*NTILES=*/4, /*NOUT=*/128, /*G=*/128, /*WARPS=*/2,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/true>(
-      a, w, scales, zeros, one.sorted_ids, one.expert_ids, &one.total, one.weights_flat, num_slots,
-      out, partials, counters);
+      /*RELEASE_AFTER_LOOP=*/true>(a, w, scales, zeros, one.sorted_ids, one.expert_ids, &one.total,
+                                   one.weights_flat, num_slots, out, partials, counters);
 }
 
 // gate_up: K = 256, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 4 warps
 // (launched with programmatic dependent launch on sm_90 from T = 2: its CTAs are resident while the
 // align kernel runs, and wait for it before anything else)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_gate_up_b4_s4_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_gate_up_b4_s4_p8(const act_t* a, const uint4* w, const uint4* scales,
+                              const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                              const int* total, const float* weights_flat, int num_slots,
+                              act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/4, /*SPLIT=*/4, /*KDIM=*/256, /*NTILES=*/4, /*NOUT=*/128, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/2, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/false,
-      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      /*RELEASE_AFTER_LOOP=*/false, /*WAITS_FIRST=*/true>(a, w, scales, zeros, sorted_ids,
+                                                          expert_ids, total, weights_flat,
+                                                          num_slots, out, partials, counters);
 }
 
 // down: K = 128, 4 tiles of 64 columns, block 4, split-K 4, 8 ring stages of 16 k, 2 warps
 // (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream
 // while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(64)
-moe_gemm_down_b4_s4_p8_w2(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b4_s4_p8_w2(const act_t* a, const uint4* w, const uint4* scales,
+                              const uint4* zeros, const int* sorted_ids, const int* expert_ids,
+                              const int* total, const float* weights_flat, int num_slots,
+                              act_t* out, float* partials, int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/4, /*SPLIT=*/4, /*KDIM=*/128, /*NTILES=*/4, /*NOUT=*/256, /*G=*/128, /*WARPS=*/2,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials,
+      counters);
 }
 
 // moe_gemm_down_b4_s4_p8_w2_routed: moe_gemm_down_b4_s4_p8_w2 for a call of one token with router
@@ -448,11 +447,11 @@ moe_gemm_down_b4_s4_p8_w2(
 // the logits. (At least one CTA an SM asked for: without it ptxas capped Qwen3's gate/up at 80
 // registers, and spilled.)
 extern "C" __global__ void __launch_bounds__(64, 1)
-moe_gemm_down_b4_s4_p8_w2_routed(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters,
-    const float* logits) {
+    moe_gemm_down_b4_s4_p8_w2_routed(const act_t* a, const uint4* w, const uint4* scales,
+                                     const uint4* zeros, const int* sorted_ids,
+                                     const int* expert_ids, const int* total,
+                                     const float* weights_flat, int num_slots, act_t* out,
+                                     float* partials, int* counters, const float* logits) {
   __shared__ OneTokenRouting<4> one;
   route_one_token(logits, one);
   moegen::grouped_gemm<
@@ -467,16 +466,16 @@ moe_gemm_down_b4_s4_p8_w2_routed(
 // (launched with programmatic dependent launch on sm_90 from T = 1: its first weight stages stream
 // while gate/up finishes)
 extern "C" __global__ void __launch_bounds__(128)
-moe_gemm_down_b4_s2_p8(
-    const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros, const int* sorted_ids,
-    const int* expert_ids, const int* total, const float* weights_flat, int num_slots, act_t* out,
-    float* partials, int* counters) {
+    moe_gemm_down_b4_s2_p8(const act_t* a, const uint4* w, const uint4* scales, const uint4* zeros,
+                           const int* sorted_ids, const int* expert_ids, const int* total,
+                           const float* weights_flat, int num_slots, act_t* out, float* partials,
+                           int* counters) {
   moegen::grouped_gemm<
       /*BLOCK=*/4, /*SPLIT=*/2, /*KDIM=*/128, /*NTILES=*/4, /*NOUT=*/256, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*DENSE=*/false, /*SUM_TOPK=*/0, /*FOLLOWS=*/true>(
-      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out,
-      partials, counters);
+      a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out, partials,
+      counters);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ constexpr int GROUPS = K / G;
 constexpr int SPLIT = 8;
 constexpr int STEPS = GROUPS / SPLIT;
 constexpr int BLOCK_N = 128;
-constexpr int ROWS = S * M;                     // rows of the unfolded A: slice-major
-constexpr int MT = (ROWS + 15) / 16;            // m16 tiles
+constexpr int ROWS = S * M;           // rows of the unfolded A: slice-major
+constexpr int MT = (ROWS + 15) / 16;  // m16 tiles
 // The integer MMA: s8 (mma.sync m16n8k32 s8 x s8, the weights widened in registers) or s4
 // (m16n8k64 s4 x u4). The kernel's two forms differ by `if constexpr (MMA_S8)`.
 constexpr bool MMA_S8 = true;
@@ -45,30 +45,30 @@ constexpr bool ROWS_AS_B = true;
 // in that block, split into even and odd k (0, 2, 4, 6 and 1, 3, 5, 7: the order widen_s4_x16
 // gives the weights): {even k row r, even k row r + 8, odd k row r, odd k row r + 8}. One
 // 16-byte load per lane and MMA. s4: int4 rows, 8 a 32-bit word along K, padded.
-constexpr int KBLOCKS = G / 32;                 // k32 MMA blocks per group
-constexpr int WORDS = G / 8;                    // 8 int4 per 32-bit word along K
+constexpr int KBLOCKS = G / 32;  // k32 MMA blocks per group
+constexpr int WORDS = G / 8;     // 8 int4 per 32-bit word along K
 // 32-bit words per unfolded row, int4 (padding: no bank conflicts)
 constexpr int UNFOLD_STRIDE = WORDS + 4;
 constexpr int UNFOLD_SLOT_WORDS = MMA_S8 ? MT * KBLOCKS * 32 * 4 : MT * 16 * UNFOLD_STRIDE;
 // words per Y row: the 8-byte stores of 4 rows meet no bank twice
 constexpr int Y_STRIDE = BLOCK_N + 8;
-constexpr int WEIGHT_BIAS = 8;                  // s4: packed nibble = q + WEIGHT_BIAS
+constexpr int WEIGHT_BIAS = 8;  // s4: packed nibble = q + WEIGHT_BIAS
 // 1.5 x 2^23: x + ROUND_SHIFT rounds x to an integer
 constexpr float ROUND_SHIFT = 12582912.0f;
-constexpr int KSTEPS = G / 64;                  // k64 MMA steps per group
-constexpr int N8 = (N + 7) / 8;                 // n8 tiles of the packed weight (padded)
+constexpr int KSTEPS = G / 64;   // k64 MMA steps per group
+constexpr int N8 = (N + 7) / 8;  // n8 tiles of the packed weight (padded)
 constexpr int VEC_WARPS = 2, CUBE_WARPS = 2;
 constexpr int VEC_THREADS = 32 * VEC_WARPS, CUBE_THREADS = 32 * CUBE_WARPS;
-constexpr int WARP_N8 = BLOCK_N / 8 / CUBE_WARPS;     // n8 tiles per matrix warp
+constexpr int WARP_N8 = BLOCK_N / 8 / CUBE_WARPS;  // n8 tiles per matrix warp
 static_assert(WARP_N8 >= 1 && WARP_N8 * 8 * CUBE_WARPS == BLOCK_N,
               "whole n8 tiles per matrix warp");
-constexpr int PER = G / 32;                     // activations per lane and row in unfold
+constexpr int PER = G / 32;  // activations per lane and row in unfold
 static_assert(PER == 2 || PER == 4 || PER == 8,
               "a lane's activations lie within one 32-bit word of int4");
-constexpr int VEC_ROWS = (M + VEC_WARPS - 1) / VEC_WARPS;   // rows of vector warp 0 (the most)
+constexpr int VEC_ROWS = (M + VEC_WARPS - 1) / VEC_WARPS;  // rows of vector warp 0 (the most)
 constexpr int W_STAGES = 3, X_STAGES = 4;
-constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;   // one group's weights for one warp
-constexpr int X_STAGE_HALVES = VEC_ROWS * G;               // one group's rows for one vector warp
+constexpr int W_STAGE_WORDS = WARP_N8 * KSTEPS * 32 * 2;  // one group's weights for one warp
+constexpr int X_STAGE_HALVES = VEC_ROWS * G;              // one group's rows for one vector warp
 // the scale ring of a vector warp: one slot more than the activation ring, since merge reads a
 // group's scales one step after unfold has read its rows (preload)
 constexpr int SCALE_STAGES = X_STAGES + 1;
@@ -86,9 +86,9 @@ static_assert(32 % LANE_COLS == 0 && COLS_PER_WARP % LANE_COLS == 0,
 constexpr int COLS_PER_LANE = COLS_PER_WARP / LANE_COLS;
 constexpr int ROW_STRIDE = 32 / LANE_COLS;
 constexpr int ROWS_PER_LANE = (M + ROW_STRIDE - 1) / ROW_STRIDE;
-__constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f };
-__constant__ float INV_DIVISORS[3] = {
-    0.008344459347426891f, 0.000557039980776608f, 3.718558218679391e-05f };
+__constant__ float FACTORS[3] = {7.49f, 14.98f, 14.98f};
+__constant__ float INV_DIVISORS[3] = {0.008344459347426891f, 0.000557039980776608f,
+                                      3.718558218679391e-05f};
 
 // flags of the schedule: index, who signals them, and how they are kept: a ring of mbarriers
 // (its depth), or a named barrier where the flag is a meeting of one unit's warps (each signal
@@ -106,18 +106,18 @@ constexpr int SYNC_AIC_AIV_FLAG = 4;
 constexpr int FLAGS = 5;
 // each ring's depth and first barrier, folded into the signal and wait of a known flag
 __device__ constexpr int flag_depth(int f) {
-  return f == SYNC_AIV_ONLY_AMAX_FLAG ? 4
+  return f == SYNC_AIV_ONLY_AMAX_FLAG      ? 4
          : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 3
-         : f == SYNC_AIV_AIC_FLAG ? 2
-         : f == SYNC_AIC_AIV_FLAG ? 2
-         : 1;
+         : f == SYNC_AIV_AIC_FLAG          ? 2
+         : f == SYNC_AIC_AIV_FLAG          ? 2
+                                           : 1;
 }
 __device__ constexpr int flag_first(int f) {
-  return f == SYNC_AIV_ONLY_AMAX_FLAG ? 0
+  return f == SYNC_AIV_ONLY_AMAX_FLAG      ? 0
          : f == SYNC_AIC_ONLY_AUNFOLD_FLAG ? 4
-         : f == SYNC_AIV_AIC_FLAG ? 7
-         : f == SYNC_AIC_AIV_FLAG ? 9
-         : 0;
+         : f == SYNC_AIV_AIC_FLAG          ? 7
+         : f == SYNC_AIC_AIV_FLAG          ? 9
+                                           : 0;
 }
 constexpr int BARRIERS = 11;
 // shared memory's lines: the mbarriers fill whole lines (as the tile pass counts them), so the
@@ -127,18 +127,18 @@ constexpr int BARRIER_WORDS = 16;
 static_assert(BARRIER_WORDS >= BARRIERS && BARRIER_WORDS * 8 % LINE_BYTES == 0,
               "the mbarriers in whole lines");
 static_assert(CUBE_WARPS * W_STAGES * W_STAGE_WORDS * 4 % 16 == 0 &&
-              VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
-              BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
+                  VEC_WARPS * X_STAGES * X_STAGE_HALVES * 2 % 16 == 0 &&
+                  BLOCK_N * SCALE_STAGES * 2 % 16 == 0,
               "the rings keep the unfolded A (read 16 bytes at a time) 16-byte aligned");
 
 struct Shared {
-  unsigned long long* bars;   // [BARRIERS]: each flag's ring of mbarriers
-  unsigned* unfold;           // [slots][UNFOLD_SLOT_WORDS]
-  int* y;                     // [slots][ROWS][Y_STRIDE]
-  float* amax;                // [slots][M]
-  int* rowsum;                // s4: [slots][ROWS]: per unfolded row, the sum of its int4 slice
-  uint2* wring;               // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
-  half* xring;                // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
+  unsigned long long* bars;  // [BARRIERS]: each flag's ring of mbarriers
+  unsigned* unfold;          // [slots][UNFOLD_SLOT_WORDS]
+  int* y;                    // [slots][ROWS][Y_STRIDE]
+  float* amax;               // [slots][M]
+  int* rowsum;               // s4: [slots][ROWS]: per unfolded row, the sum of its int4 slice
+  uint2* wring;              // [CUBE_WARPS][W_STAGES][W_STAGE_WORDS / 2]
+  half* xring;               // [VEC_WARPS][X_STAGES][X_STAGE_HALVES]
   // [MERGE_WARPS][SCALE_STAGES][COLS_PER_WARP]: scales of the merge columns
   half* sring;
 };
@@ -171,13 +171,13 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
                                        const half* __restrict__ scale, int unit, int g) {
   const int lane = threadIdx.x & 31;
   half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
-  const int m = unit - MERGE_FIRST;             // merging warp m, if m >= 0
-  __syncwarp();                                 // every lane has read what this stage held
+  const int m = unit - MERGE_FIRST;  // merging warp m, if m >= 0
+  __syncwarp();                      // every lane has read what this stage held
   if (g < STEPS) {
     const half* src = x + (size_t)(blockIdx.y * STEPS + g) * G + lane * PER;
     for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j)
       moegen::cp_async_ca<PER * 2>(stage + j * G + lane * PER, src + (size_t)r * K);
-    if (m >= 0) {                               // a merging warp: its columns' scales
+    if (m >= 0) {  // a merging warp: its columns' scales
       half* scales = sh.sring + (m * SCALE_STAGES + g % SCALE_STAGES) * COLS_PER_WARP;
       const int col0 = blockIdx.x * BLOCK_N + m * COLS_PER_WARP;
       const half* row = scale + (size_t)(blockIdx.y * STEPS + g) * N;
@@ -206,7 +206,7 @@ __device__ __forceinline__ void load_x(const Shared& sh, const half* __restrict_
 constexpr bool N_TAIL = N8 % (BLOCK_N / 8) != 0;
 __device__ __forceinline__ void load_w(const Shared& sh, const uint2* __restrict__ w, int cw,
                                        int g) {
-  constexpr int PIECES = KSTEPS * 16;           // 16-byte pieces of one tile's group
+  constexpr int PIECES = KSTEPS * 16;  // 16-byte pieces of one tile's group
   constexpr int COPIES = (WARP_N8 * PIECES + 31) / 32;
   const int lane = threadIdx.x & 31;
   uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
@@ -233,8 +233,8 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
                                        const half* __restrict__ scale, int unit, int g,
                                        int amax_slot, int unfold_slot) {
   const int lane = threadIdx.x & 31;
-  moegen::cp_async_wait<X_STAGES - 2>();        // group g's rows and scales have landed
-  __syncwarp();                                 // ... for every lane of the warp
+  moegen::cp_async_wait<X_STAGES - 2>();  // group g's rows and scales have landed
+  __syncwarp();                           // ... for every lane of the warp
   const half* stage = sh.xring + (unit * X_STAGES + g % X_STAGES) * X_STAGE_HALVES;
   for (int r = unit, j = 0; r < M; r += VEC_WARPS, ++j) {
     float a[PER];
@@ -257,8 +257,8 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
 #pragma unroll
         for (int i = 0; i < PER; ++i) t[i] *= FACTORS[s];
       }
-      unsigned even = 0, odd = 0;               // s8: bytes of the even and odd k of this lane
-      unsigned bits = 0;                        // s4: nibbles of this lane's k, and their sum
+      unsigned even = 0, odd = 0;  // s8: bytes of the even and odd k of this lane
+      unsigned bits = 0;           // s4: nibbles of this lane's k, and their sum
       int sum = 0;
 #pragma unroll
       for (int i = 0; i < PER; ++i) {
@@ -281,7 +281,7 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
         unsigned char* frag = reinterpret_cast<unsigned char*>(
             sh.unfold + (size_t)unfold_slot * UNFOLD_SLOT_WORDS +
             (((row / 16) * KBLOCKS + chunk / 4) * 32 + (row % 8) * 4 + chunk % 4) * 4);
-        const int upper = row % 16 / 8;           // row r + 8 of the fragment
+        const int upper = row % 16 / 8;  // row r + 8 of the fragment
         moegen::store_low_bytes<PER / 2>(frag + 4 * upper + p / 2, even);
         moegen::store_low_bytes<PER / 2>(frag + 4 * (2 + upper) + p / 2, odd);
       } else {
@@ -300,7 +300,7 @@ __device__ __forceinline__ void unfold(const Shared& sh, const half* __restrict_
     }
     if (lane == 0) sh.amax[amax_slot * M + r] = amax;
   }
-  load_x(sh, x, scale, unit, g + X_STAGES - 1);   // into x stage g - 1, read by now
+  load_x(sh, x, scale, unit, g + X_STAGES - 1);  // into x stage g - 1, read by now
 }
 
 // Y[y_slot] from a matrix warp's weights of one group (b: its n8 tiles x k64 steps), the
@@ -384,7 +384,7 @@ __device__ __forceinline__ void multiply_rows_as_a(const Shared& sh,
 #pragma unroll
     for (int j = 0; j < WARP_N8; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {    // rows lane / 4 and lane / 4 + 8 of the tile
+      for (int half = 0; half < 2; ++half) {  // rows lane / 4 and lane / 4 + 8 of the tile
         const int row = mt * 16 + lane / 4 + 8 * half;
         const int col = (cw * WARP_N8 + j) * 8 + 2 * (lane % 4);
         if (row < ROWS)
@@ -399,9 +399,9 @@ __device__ __forceinline__ void multiply_rows_as_a(const Shared& sh,
 __device__ __forceinline__ void matmul(const Shared& sh, const uint2* __restrict__ w, int g,
                                        int unfold_slot, int y_slot) {
   const int lane = threadIdx.x & 31;
-  const int cw = (threadIdx.x >> 5) - VEC_WARPS;   // matrix warp cw: n8 tiles cw * WARP_N8 + j
-  moegen::cp_async_wait<W_STAGES - 2>();        // group g's weights have landed
-  __syncwarp();                                 // ... every lane's copies
+  const int cw = (threadIdx.x >> 5) - VEC_WARPS;  // matrix warp cw: n8 tiles cw * WARP_N8 + j
+  moegen::cp_async_wait<W_STAGES - 2>();          // group g's weights have landed
+  __syncwarp();                                   // ... every lane's copies
   const uint2* stage = sh.wring + (cw * W_STAGES + g % W_STAGES) * (W_STAGE_WORDS / 2);
   uint2 b[WARP_N8][KSTEPS];
 #pragma unroll
@@ -505,9 +505,9 @@ __device__ __forceinline__ void write_out(half* __restrict__ y, float* __restric
 // registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill
 // them)
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
-msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
-                        const half* __restrict__ scale, half* __restrict__ y,
-                        float* __restrict__ partials, int* __restrict__ counters) {
+    msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
+                     const half* __restrict__ scale, half* __restrict__ y,
+                     float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 1, SLOTS_A_UNFOLD = 1;
   constexpr int SLOTS_Y = 1;
@@ -523,20 +523,16 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);   // (s4 only: after amax)
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);  // (s4 only: after amax)
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
     sh.unfold[i] = 0;
   // each barrier counts the threads of its flag's signaller
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 4; ++i)
-      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
-    for (int i = 0; i < 3; ++i)
-      moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
+    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -563,10 +559,8 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
         signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
       if (moegen_runs(step, 0, STEPS))
         wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
-      if (moegen_runs(step, 0, STEPS))
-        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
-      if (moegen_runs(step, 0, STEPS))
-        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
       if (moegen_runs(step, 0, STEPS)) {
         const int it = step - 0;
         merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);
@@ -581,8 +575,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
     // matrix unit
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     for (int step = 0; step < STEPS + 0; ++step) {
-      if (moegen_runs(step, 0, STEPS))
-        wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
       if (moegen_runs(step, 0, STEPS)) {
         const int it = step - 0;
         matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);
@@ -591,8 +584,7 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
         signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
       if (moegen_runs(step, 0, STEPS))
         wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
-      if (moegen_runs(step, 0, STEPS))
-        signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
     }
     moegen::cp_async_wait<0>();
   }
@@ -605,9 +597,9 @@ msd_matmul_basic(const half* __restrict__ x, const uint2* __restrict__ w,
 // registers capped so that 6 CTAs fit an SM (the tile's occupancy; K split to fill
 // them)
 extern "C" __global__ void __launch_bounds__(msd::VEC_THREADS + msd::CUBE_THREADS, 6)
-msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
-                        const half* __restrict__ scale, half* __restrict__ y,
-                        float* __restrict__ partials, int* __restrict__ counters) {
+    msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
+                       const half* __restrict__ scale, half* __restrict__ y,
+                       float* __restrict__ partials, int* __restrict__ counters) {
   using namespace msd;
   constexpr int SLOTS_A_MAX = 2, SLOTS_A_UNFOLD = 3;
   constexpr int SLOTS_Y = 2;
@@ -623,20 +615,16 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   sh.unfold = reinterpret_cast<unsigned*>(sh.sring + MERGE_WARPS * SCALE_STAGES * COLS_PER_WARP);
   sh.y = reinterpret_cast<int*>(sh.unfold + SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS);
   sh.amax = reinterpret_cast<float*>(sh.y + SLOTS_Y * ROWS * Y_STRIDE);
-  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);   // (s4 only: after amax)
+  sh.rowsum = reinterpret_cast<int*>(sh.amax + SLOTS_A_MAX * M);  // (s4 only: after amax)
   // rows past S * M of the last m16 tile are never written: they stay zero
   for (int i = threadIdx.x; i < SLOTS_A_UNFOLD * UNFOLD_SLOT_WORDS; i += blockDim.x)
     sh.unfold[i] = 0;
   // each barrier counts the threads of its flag's signaller
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 4; ++i)
-      moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
-    for (int i = 0; i < 3; ++i)
-      moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
-    for (int i = 0; i < 2; ++i)
-      moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
+    for (int i = 0; i < 4; ++i) moegen::mbar_init(&sh.bars[0 + i], VEC_THREADS);
+    for (int i = 0; i < 3; ++i) moegen::mbar_init(&sh.bars[4 + i], CUBE_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[7 + i], VEC_THREADS);
+    for (int i = 0; i < 2; ++i) moegen::mbar_init(&sh.bars[9 + i], CUBE_THREADS);
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -664,10 +652,8 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
         signal(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, sent[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
       if (moegen_runs(step, 0, STEPS))
         wait(sh, SYNC_AIV_ONLY_A_UNFOLD_FLAG, waited[SYNC_AIV_ONLY_A_UNFOLD_FLAG]++);
-      if (moegen_runs(step, 0, STEPS))
-        signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
-      if (moegen_runs(step, 1, STEPS))
-        wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) signal(sh, SYNC_AIV_AIC_FLAG, sent[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 1, STEPS)) wait(sh, SYNC_AIC_AIV_FLAG, waited[SYNC_AIC_AIV_FLAG]++);
       if (moegen_runs(step, 1, STEPS)) {
         const int it = step - 1;
         merge(sh, unit, it, it % SLOTS_A_MAX, it % SLOTS_Y, acc);
@@ -684,16 +670,14 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
     for (int g = 0; g < W_STAGES - 1; ++g) load_w(sh, w, warp - VEC_WARPS, g);
     signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     for (int step = 0; step < STEPS + 1; ++step) {
-      if (moegen_runs(step, 0, STEPS))
-        wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) wait(sh, SYNC_AIV_AIC_FLAG, waited[SYNC_AIV_AIC_FLAG]++);
       if (moegen_runs(step, 0, STEPS)) {
         const int it = step - 0;
         matmul(sh, w, it, it % SLOTS_A_UNFOLD, it % SLOTS_Y);
       }
       if (moegen_runs(step, 0, STEPS))
         wait(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, waited[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
-      if (moegen_runs(step, 0, STEPS))
-        signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
+      if (moegen_runs(step, 0, STEPS)) signal(sh, SYNC_AIC_AIV_FLAG, sent[SYNC_AIC_AIV_FLAG]++);
       if (moegen_runs(step, 0, STEPS))
         signal(sh, SYNC_AIC_ONLY_AUNFOLD_FLAG, sent[SYNC_AIC_ONLY_AUNFOLD_FLAG]++);
     }
@@ -703,4 +687,3 @@ msd_matmul_preload(const half* __restrict__ x, const uint2* __restrict__ w,
   (void)sent;
   (void)waited;
 }
-

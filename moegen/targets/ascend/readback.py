@@ -2,8 +2,8 @@
 
 Used to check an emission: the flag and stage sequence the code really performs, per template and
 unit, as `Program`s the simulator can run. Expects the form the controller template writes: a
-statement a line; in the step loop each action's `if (Runs(step, OFFSET, groups))` on a line of
-its own, its statement on the next (a stage's, in a block of braces).
+statement a line; in the step loop each action's `if (Runs(step, OFFSET, groups))` and its
+statement, on the same line or the next (a stage's, in a block of braces).
 """
 from __future__ import annotations
 
@@ -61,9 +61,10 @@ def read_controller(controller: str, tool_header: str) -> dict[str, dict[str, Pr
                 section = "init"
             elif line.startswith("for (uint32_t step") and prog is not None:
                 section = "step"
-            elif prog is not None and section is not None and (r := _RUNS.search(line)):
-                offset, in_block = int(r.group(1)), line.endswith("{")
             elif prog is not None and line != "}" and section is not None:
+                if (r := _RUNS.search(line)):
+                    offset, in_block = int(r.group(1)), line.endswith("{")
+                    line = line[r.end():]         # a statement may follow on the same line
                 act = _action(line, ids, offset if offset is not None else 0)
                 if act is not None:
                     getattr(prog, section).append(act)

@@ -13,10 +13,21 @@ _RUNS = re.compile(r"moegen_runs\(step, (\d+), STEPS\)")
 IDS = {f.name: f.id for f in FLAGS.values()}
 
 
+def _action(line: str, offset: int) -> Action | None:
+    """The action a statement of the kernel's line is, if any."""
+    if (m := _SIGNAL.search(line)):
+        return Action("signal", IDS[m.group(1)], offset=offset)
+    if (m := _WAIT.search(line)):
+        return Action("wait", IDS[m.group(1)], offset=offset)
+    if (m := _STAGE.search(line)) and "__device__" not in line:
+        return Action("stage", stage=m.group(1), offset=offset)
+    return None
+
+
 def read_kernels(source: str) -> dict[str, dict[str, Program]]:
     """Each kernel's action lists. In the step loop an action is `if (moegen_runs(step, OFFSET,
-    STEPS))` and, on the next line, its statement, or a block of statements in braces (a
-    stage); before and after the loop, its statement alone (offset 0)."""
+    STEPS))` and its statement (on the same line or the next), or a block of statements in
+    braces (a stage); before and after the loop, its statement alone (offset 0)."""
     out: dict[str, dict[str, Program]] = {}
     mode, prog, section = None, None, None
     offset, in_block = None, False          # the step loop's action being read
@@ -40,20 +51,15 @@ def read_kernels(source: str) -> dict[str, dict[str, Program]]:
             section = "step"
         elif line == "}" and section == "step":
             section = "drain"
-        elif prog is not None and section is not None and (r := _RUNS.search(line)):
-            offset, in_block = int(r.group(1)), line.endswith("{")
         elif prog is not None and section is not None:
-            off = offset if offset is not None else 0
-            if (m := _SIGNAL.search(line)):
-                getattr(prog, section).append(Action("signal", IDS[m.group(1)], offset=off))
-            elif (m := _WAIT.search(line)):
-                getattr(prog, section).append(Action("wait", IDS[m.group(1)], offset=off))
-            elif (m := _STAGE.search(line)) and "__device__" not in line:
-                getattr(prog, section).append(Action("stage", stage=m.group(1), offset=off))
-            else:
-                continue
-            if not in_block:
-                offset = None
+            if (r := _RUNS.search(line)):
+                offset, in_block = int(r.group(1)), line.endswith("{")
+                line = line[r.end():]             # a statement may follow on the same line
+            action = _action(line, offset if offset is not None else 0)
+            if action is not None:
+                getattr(prog, section).append(action)
+                if not in_block:
+                    offset = None
         if line.startswith("(void)waited;"):
             mode, prog, section = None, None, None
     return out

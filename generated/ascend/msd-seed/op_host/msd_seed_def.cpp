@@ -9,13 +9,18 @@ namespace ops {
 class MsdSeed : public OpDef {
  public:
   explicit MsdSeed(const char* name) : OpDef(name) {
-    this->Input("x").ParamType(Option::REQUIRED).DataType({ge::DT_FLOAT16})
+    this->Input("x").ParamType(Option::REQUIRED).DataType({ge::DT_FLOAT16}).Format({ge::FORMAT_ND});
+    this->Input("weight")
+        .ParamType(Option::REQUIRED)
+        .DataType({ge::DT_INT4})
         .Format({ge::FORMAT_ND});
-    this->Input("weight").ParamType(Option::REQUIRED).DataType({ge::DT_INT4})
+    this->Input("antiquant_scale")
+        .ParamType(Option::REQUIRED)
+        .DataType({ge::DT_FLOAT16})
         .Format({ge::FORMAT_ND});
-    this->Input("antiquant_scale").ParamType(Option::REQUIRED).DataType({ge::DT_FLOAT16})
-        .Format({ge::FORMAT_ND});
-    this->Output("y").ParamType(Option::REQUIRED).DataType({ge::DT_FLOAT16})
+    this->Output("y")
+        .ParamType(Option::REQUIRED)
+        .DataType({ge::DT_FLOAT16})
         .Format({ge::FORMAT_ND});
     this->AICore().AddConfig("ascend910b");
   }

@@ -20,8 +20,8 @@ constexpr uint32_t GROUP_SIZE = 128;
 constexpr uint32_t MSD_STEPS = 3;
 constexpr uint64_t WORKSPACE_ALIGN = 512;
 constexpr uint64_t AMAX_ROW_FLOATS = 8;
-constexpr uint64_t UB_RESERVED = 8192;    // the library's scratch at the top of UB
-constexpr uint64_t L1_RESERVED = 1024;    // left to the library
+constexpr uint64_t UB_RESERVED = 8192;  // the library's scratch at the top of UB
+constexpr uint64_t L1_RESERVED = 1024;  // left to the library
 // the template this spec chose (schedule: preload); the other is one edit away
 constexpr uint64_t MSD_TEMPLATE = PRELOAD_MSD;
 
@@ -110,11 +110,10 @@ static ge::graphStatus MsdSeedTiling(gert::TilingContext* context) {
   std::memcpy(raw->GetData(), &data, sizeof(data));
   raw->SetDataSize(sizeof(data));
   context->SetBlockDim(static_cast<uint32_t>(data.matmulTiling.usedCoreNum));
-  context->SetScheduleMode(1);   // all cores start together: the cross-core flags need it
+  context->SetScheduleMode(1);  // all cores start together: the cross-core flags need it
   context->SetTilingKey(GET_TPL_TILING_KEY(MSD_TEMPLATE));
   size_t* sizes = context->GetWorkspaceSizes(1);
-  sizes[0] = WorkspaceBytes(MSD_TEMPLATE, static_cast<uint64_t>(m),
-                            static_cast<uint64_t>(n)) +
+  sizes[0] = WorkspaceBytes(MSD_TEMPLATE, static_cast<uint64_t>(m), static_cast<uint64_t>(n)) +
              platform.GetLibApiWorkSpaceSize();
   return ge::GRAPH_SUCCESS;
 }
@@ -124,7 +123,5 @@ static ge::graphStatus MsdSeedTilingParse(gert::TilingParseContext* context) {
   return ge::GRAPH_SUCCESS;
 }
 
-IMPL_OP_OPTILING(MsdSeed)
-    .Tiling(MsdSeedTiling)
-    .TilingParse<MsdSeedCompileInfo>(MsdSeedTilingParse);
+IMPL_OP_OPTILING(MsdSeed).Tiling(MsdSeedTiling).TilingParse<MsdSeedCompileInfo>(MsdSeedTilingParse);
 }  // namespace optiling

@@ -11,9 +11,9 @@
 #include "../op_kernel/msd_seed_tiling_data.h"
 
 namespace msd_seed_tiling {
-constexpr uint32_t MAX_ROWS = 16;           // rows of x (steps * M rows of int4 A in one cube tile)
-constexpr uint32_t COLUMN_ALIGN = 64;       // an int4 NZ fractal is 64 columns wide
-constexpr uint32_t CUBE_ROWS = 16;          // NZ tiles pad rows to the fractal height
+constexpr uint32_t MAX_ROWS = 16;      // rows of x (steps * M rows of int4 A in one cube tile)
+constexpr uint32_t COLUMN_ALIGN = 64;  // an int4 NZ fractal is 64 columns wide
+constexpr uint32_t CUBE_ROWS = 16;     // NZ tiles pad rows to the fractal height
 constexpr uint32_t BLOCK_BYTES = 32;
 constexpr uint32_t AMAX_ROW_FLOATS = 8;
 constexpr uint32_t L1_SLOTS = 2;
@@ -22,9 +22,7 @@ constexpr uint32_t CHUNK_ALIGN = 16;        // merged columns per chunk: whole f
 constexpr uint64_t COPY_FIELD_MAX = 65535;  // Nd2NzParams fields are uint16 on this core
 constexpr uint64_t L0B_BYTES = 65536;
 
-inline uint64_t AlignUp(uint64_t x, uint64_t a) {
-  return (x + a - 1) / a * a;
-}
+inline uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // UB bytes of an AIV that do not depend on the merge chunk: UnfoldA's buffers, the A_max rows
 // and the accumulator of its columns.

@@ -10,13 +10,13 @@
 #pragma pack(push, 8)
 struct MsdSeedTilingData {
   TCubeTiling matmulTiling;
-  uint32_t m;            // rows of x
-  uint32_t n;            // columns of the weight and of y
-  uint32_t k;            // the reduction: columns of x, rows of the weight
-  uint32_t groupSize;    // K rows sharing one antiquant scale; one MSD step of the K loop
-  uint32_t groups;       // k / groupSize: iterations of the K loop
-  uint32_t steps;        // int4 slices per row and group
-  uint32_t tailN;        // columns of the last AIC (the others: matmulTiling.singleCoreN)
-  uint32_t mergeChunk;   // columns an AIV merges at a time (what fits its UB)
+  uint32_t m;           // rows of x
+  uint32_t n;           // columns of the weight and of y
+  uint32_t k;           // the reduction: columns of x, rows of the weight
+  uint32_t groupSize;   // K rows sharing one antiquant scale; one MSD step of the K loop
+  uint32_t groups;      // k / groupSize: iterations of the K loop
+  uint32_t steps;       // int4 slices per row and group
+  uint32_t tailN;       // columns of the last AIC (the others: matmulTiling.singleCoreN)
+  uint32_t mergeChunk;  // columns an AIV merges at a time (what fits its UB)
 };
 #pragma pack(pop)

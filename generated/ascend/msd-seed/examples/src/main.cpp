@@ -11,13 +11,13 @@
 #include "acl/acl.h"
 #include "aclnn_msd_seed.h"
 
-#define CHECK(expr)                                                          \
-  do {                                                                       \
-    auto status_ = (expr);                                                   \
-    if (status_ != 0) {                                                      \
+#define CHECK(expr)                                                                             \
+  do {                                                                                          \
+    auto status_ = (expr);                                                                      \
+    if (status_ != 0) {                                                                         \
       std::printf("%s failed with %d (line %d)\n", #expr, static_cast<int>(status_), __LINE__); \
-      return 1;                                                              \
-    }                                                                        \
+      return 1;                                                                                 \
+    }                                                                                           \
   } while (0)
 
 namespace {

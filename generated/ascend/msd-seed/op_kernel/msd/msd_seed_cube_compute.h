@@ -41,8 +41,8 @@ class MsdSeedCubeCompute {
     pipe->InitBuffer(aL1_, L1_SLOTS * aSlotElems_ / 2);
     pipe->InitBuffer(bL1_, L1_SLOTS * bSlotElems_ / 2);
     for (uint32_t s = 0; s < L1_SLOTS; ++s) {
-      l1Free_[s] = static_cast<event_t>(
-          GetTPipePtr()->AllocEventID<AscendC::HardEvent::MTE1_MTE2>());
+      l1Free_[s] =
+          static_cast<event_t>(GetTPipePtr()->AllocEventID<AscendC::HardEvent::MTE1_MTE2>());
       AscendC::SetFlag<AscendC::HardEvent::MTE1_MTE2>(l1Free_[s]);
     }
     mm_.SetSubBlockIdx(0);

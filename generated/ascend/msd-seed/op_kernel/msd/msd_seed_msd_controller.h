@@ -60,43 +60,35 @@ class MsdSeedMsdController {
     const uint32_t groups = tiling_->groups;
     if ASCEND_IS_AIC {
       for (uint32_t step = 0; step < groups + 0; ++step) {
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
           cube_.LaunchMatmul(it, it % A_UNFOLD_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
       }
     }
     if ASCEND_IS_AIV {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       for (uint32_t step = 0; step < groups + 0; ++step) {
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
           vec_.UnfoldA(it, it % A_MAX_SLOTS[MSD_MODE], it % A_UNFOLD_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
           vec_.MergeY(it, it % A_MAX_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       }
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
     }
@@ -108,16 +100,13 @@ class MsdSeedMsdController {
     if ASCEND_IS_AIC {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
       for (uint32_t step = 0; step < groups + 1; ++step) {
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<2>(SYNC_AIV_AIC_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
           cube_.LaunchMatmul(it, it % A_UNFOLD_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<2, PIPE_FIX>(SYNC_AIC_AIV_FLAG);
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIC_ONLY_AUNFOLD_FLAG);
       }
@@ -127,26 +116,21 @@ class MsdSeedMsdController {
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       for (uint32_t step = 0; step < groups + 1; ++step) {
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
         if (Runs(step, 0, groups)) {
           const uint32_t it = step - 0;
           vec_.UnfoldA(it, it % A_MAX_SLOTS[MSD_MODE], it % A_UNFOLD_SLOTS[MSD_MODE]);
         }
         if (Runs(step, 0, groups))
           AscendC::CrossCoreSetFlag<0, PIPE_MTE3>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
-        if (Runs(step, 0, groups))
-          AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
-        if (Runs(step, 1, groups))
-          AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_A_UNFOLD_FLAG);
+        if (Runs(step, 0, groups)) AscendC::CrossCoreSetFlag<2, PIPE_MTE3>(SYNC_AIV_AIC_FLAG);
+        if (Runs(step, 1, groups)) AscendC::CrossCoreWaitFlag<2>(SYNC_AIC_AIV_FLAG);
         if (Runs(step, 1, groups)) {
           const uint32_t it = step - 1;
           vec_.MergeY(it, it % A_MAX_SLOTS[MSD_MODE], it % Y_INT_SLOTS[MSD_MODE]);
         }
-        if (Runs(step, 1, groups))
-          AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
+        if (Runs(step, 1, groups)) AscendC::CrossCoreSetFlag<0, PIPE_MTE2>(SYNC_AIV_ONLY_AMAX_FLAG);
       }
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);
       AscendC::CrossCoreWaitFlag<0>(SYNC_AIV_ONLY_AMAX_FLAG);

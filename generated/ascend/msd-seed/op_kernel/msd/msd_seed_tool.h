@@ -9,11 +9,11 @@
 
 #include "../msd_seed_tiling_key.h"
 
-constexpr uint16_t SYNC_AIV_ONLY_A_UNFOLD_FLAG = 3;   // mode 0, pipe MTE3: vec -> vec
-constexpr uint16_t SYNC_AIV_ONLY_AMAX_FLAG = 6;   // mode 0, pipe MTE2: vec -> vec
+constexpr uint16_t SYNC_AIV_ONLY_A_UNFOLD_FLAG = 3;  // mode 0, pipe MTE3: vec -> vec
+constexpr uint16_t SYNC_AIV_ONLY_AMAX_FLAG = 6;      // mode 0, pipe MTE2: vec -> vec
 constexpr uint16_t SYNC_AIC_ONLY_AUNFOLD_FLAG = 7;   // mode 0, pipe MTE2: cube -> cube
-constexpr uint16_t SYNC_AIV_AIC_FLAG = 8;   // mode 2, pipe MTE3: vec -> cube
-constexpr uint16_t SYNC_AIC_AIV_FLAG = 9;   // mode 2, pipe FIX: cube -> vec
+constexpr uint16_t SYNC_AIV_AIC_FLAG = 8;            // mode 2, pipe MTE3: vec -> cube
+constexpr uint16_t SYNC_AIC_AIV_FLAG = 9;            // mode 2, pipe FIX: cube -> vec
 
 constexpr uint32_t MSD_STEPS = 3;
 constexpr float MSD_FACTORS[3] = {7.49f, 14.98f, 14.98f};
@@ -25,15 +25,13 @@ constexpr uint32_t A_MAX_SLOTS[2] = {1, 2};
 constexpr uint32_t A_UNFOLD_SLOTS[2] = {1, 3};
 constexpr uint32_t Y_INT_SLOTS[2] = {1, 2};
 
-constexpr uint32_t WORKSPACE_ALIGN = 512;   // bytes; every workspace slot starts on a multiple
-constexpr uint32_t BLOCK_BYTES = 32;        // a UB block: vector operands start on one
-constexpr uint32_t AMAX_ROW_FLOATS = 8;     // a row's A_max fills a 32-byte workspace block
-constexpr uint32_t L1_SLOTS = 2;            // cube: the A and B tiles are double-buffered in L1
-constexpr uint32_t CUBE_ROWS = 16;          // cube fractal height: NZ tiles pad rows to it
+constexpr uint32_t WORKSPACE_ALIGN = 512;  // bytes; every workspace slot starts on a multiple
+constexpr uint32_t BLOCK_BYTES = 32;       // a UB block: vector operands start on one
+constexpr uint32_t AMAX_ROW_FLOATS = 8;    // a row's A_max fills a 32-byte workspace block
+constexpr uint32_t L1_SLOTS = 2;           // cube: the A and B tiles are double-buffered in L1
+constexpr uint32_t CUBE_ROWS = 16;         // cube fractal height: NZ tiles pad rows to it
 
-__aicore__ inline uint64_t AlignUp(uint64_t x, uint64_t a) {
-  return (x + a - 1) / a * a;
-}
+__aicore__ inline uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // Workspace slot sizes in bytes: A_max [M][AMAX_ROW_FLOATS] fp32, the unfolded A
 // [steps][M][group] int4, the int32 Y [steps * M][N].
@@ -66,9 +64,9 @@ __aicore__ inline AscendC::DataCopyExtParams CopyParams(uint32_t count, uint32_t
 // apart in GM, into NZ fractals `height` rows tall. int4 copies run as int8 copies on this core,
 // so for int4 data every count is in bytes, two values a byte.
 __aicore__ inline AscendC::Nd2NzParams Nd2NzBytes(uint32_t rows, uint32_t rowBytes,
-                                                   uint32_t srcRowBytes, uint32_t height) {
+                                                  uint32_t srcRowBytes, uint32_t height) {
   AscendC::Nd2NzParams params;
-  params.ndNum = 1;   // the default 0 copies nothing
+  params.ndNum = 1;  // the default 0 copies nothing
   params.nValue = static_cast<uint16_t>(rows);
   params.dValue = static_cast<uint16_t>(rowBytes);
   params.srcNdMatrixStride = 0;

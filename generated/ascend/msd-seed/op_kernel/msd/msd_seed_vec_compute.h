@@ -24,8 +24,7 @@
 class MsdSeedVecCompute {
  public:
   __aicore__ inline void Init(GM_ADDR x, GM_ADDR scale, GM_ADDR y, GM_ADDR amax, GM_ADDR unfold,
-                              GM_ADDR yInt, const MsdSeedTilingData* tiling,
-                              AscendC::TPipe* pipe) {
+                              GM_ADDR yInt, const MsdSeedTilingData* tiling, AscendC::TPipe* pipe) {
     tiling_ = tiling;
     aiv_ = static_cast<uint32_t>(AscendC::GetBlockIdx());
     const uint32_t core = aiv_ / 2;
@@ -101,7 +100,7 @@ class MsdSeedVecCompute {
     AscendC::LocalTensor<float> rowMax = rowMaxBuf_.Get<float>();
     AscendC::LocalTensor<float> reduceTmp = reduceTmpBuf_.Get<float>();
     const uint64_t amaxBase = amaxSlot * AmaxSlotBytes(m) / sizeof(float);
-    const uint64_t unfoldBase = unfoldSlot * UnfoldSlotBytes(m, g) * 2;   // int4 elements
+    const uint64_t unfoldBase = unfoldSlot * UnfoldSlotBytes(m, g) * 2;  // int4 elements
     // a row's slices: MSD_STEPS blocks of group/2 bytes, M rows apart in the workspace
     const AscendC::DataCopyExtParams slicesOut = CopyParams(MSD_STEPS, g / 2, 0, (m - 1) * g / 2);
     for (uint32_t row = aiv_; row < m; row += aivCount_) {
@@ -113,7 +112,7 @@ class MsdSeedVecCompute {
       AscendC::Cast(xFloat, xHalf, AscendC::RoundMode::CAST_NONE, g);
       AscendC::SetFlag<AscendC::HardEvent::V_MTE2>(xFree_);
 
-      AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(unfoldOutFree_);   // rowMax, packed copied out
+      AscendC::WaitFlag<AscendC::HardEvent::MTE3_V>(unfoldOutFree_);  // rowMax, packed copied out
       AscendC::Abs(absA, xFloat, g);
       AscendC::ReduceMax(rowMax, absA, reduceTmp, g);
       SyncPipes<AscendC::HardEvent::V_S>();
@@ -127,8 +126,8 @@ class MsdSeedVecCompute {
         AscendC::Duplicate(t, 0.0f, g);
       }
       for (uint32_t i = 0; i < MSD_STEPS; ++i) {
-        AscendC::Cast(slice, t, AscendC::RoundMode::CAST_RINT, g);           // an integer
-        AscendC::Cast(sliceHalf, slice, AscendC::RoundMode::CAST_NONE, g);   // exact
+        AscendC::Cast(slice, t, AscendC::RoundMode::CAST_RINT, g);          // an integer
+        AscendC::Cast(sliceHalf, slice, AscendC::RoundMode::CAST_NONE, g);  // exact
         AscendC::Cast(packed[i * g], sliceHalf, AscendC::RoundMode::CAST_NONE, g);
         if (i + 1 < MSD_STEPS) {
           AscendC::Sub(t, t, slice, g);
