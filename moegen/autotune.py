@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from .build import MOE_BLOCK_CHOICES
 from .spec import Spec, load_spec
 from .target import GpuTarget, gpu_target
-from .tile_model import GemmTile, MoeConfig
+from .tile_model import TALL_BLOCK, GemmTile, MoeConfig
 from .tuning import Device, TuningDB
 
 # --- the config space ------------------------------------------------------------------------
@@ -33,7 +33,6 @@ TALL_STAGE_CHOICES = (4, 3)
 def tall_configs(spec: Spec, tokens: int, arch: str | None) -> list[MoeConfig]:
     """The tall tile's candidates at a prefill token count, where the plan's arch has warpgroup
     MMA and both GEMMs' columns fill its CTAs (elsewhere its kernel is a slower wide CTA)."""
-    from .build import TALL_BLOCK
     from .passes.tiling.cta import GEMM_TILE, TALL_TILE, WGMMA_ARCHS, tall_block_k, tall_fits
     from .passes.tiling.moe_buckets import DECODE_MAX_TOKENS
     m = spec.moe
@@ -83,7 +82,6 @@ def config_space(spec: Spec, tokens: int, arch: str | None = None) -> list[MoeCo
     (WIDE_CHOICES x WIDE_STAGE_CHOICES) and the tall tile (tall_configs, in a plan for `arch`,
     the spec's where None; its block of 128 under the same bound), whichever the tile pass picks
     at `tokens` first."""
-    from .build import TALL_BLOCK
     from .passes.tiling.cta import (GEMM_TILE, WIDE_BLOCKS, gemm_stages, splits_evenly,
                                     wide_epilogue_fits)
     from .passes.tiling.moe_buckets import DECODE_MAX_TOKENS, PREFILL_BLOCK, tall_edge
@@ -238,7 +236,6 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
 def same_tile(a: MoeConfig, b: MoeConfig, gpu: GpuTarget) -> bool:
     """Whether two configs build the same kernels on `gpu` (a ring depth the block cannot
     hold is cut by the tile pass, so 8 and 5 stages are the same for block 32)."""
-    from .build import TALL_BLOCK
     from .passes.tiling.cta import gemm_stages, tall_stages, wgmma_fits, wide_stages
 
     def built(c: MoeConfig) -> tuple:

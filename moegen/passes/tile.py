@@ -118,7 +118,7 @@ columns, 4 warps, ring stages as for MoE, K split until about four CTAs per SM a
 """
 from __future__ import annotations
 
-from ..build import TALL_BLOCK
+from ..tile_model import TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
 from .base import Context, Option, Pass, PipelineError

@@ -3,7 +3,7 @@ splits, the wide CTA's column tiles and ring, the tall tile's stages, their shar
 the routing kernels' CTAs. Sizes that depend on the GPU take its `GpuTarget`."""
 from __future__ import annotations
 
-from ...build import TALL_BLOCK
+from ...tile_model import TALL_BLOCK
 from ...target import KNOWN_TARGETS, GpuTarget
 
 

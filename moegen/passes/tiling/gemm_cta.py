@@ -2,8 +2,7 @@
 CTA, the wide CTA, or the tall tile) and its K split. TilePass (tile.py) mixes this in."""
 from __future__ import annotations
 
-from ...build import TALL_BLOCK
-from ...tile_model import GemmTile, TunedBucket
+from ...tile_model import TALL_BLOCK, GemmTile, TunedBucket
 from ..base import PipelineError
 from .cta import (DECODE_CTA_STEPS, GEMM_TILE, TALL_TILE, WGMMA_TILE, WIDE_BLOCKS, WIDE_COL_TILES,
                   WIDE_TILE, decode_split_k, doubled_split, gemm_stages, one_token_routing_bytes,

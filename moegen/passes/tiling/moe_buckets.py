@@ -2,7 +2,7 @@
 of its own, where decode ends, where the wide decode CTA and the tall tile take over."""
 from __future__ import annotations
 
-from ...build import TALL_BLOCK
+from ...tile_model import TALL_BLOCK
 from ...target import GpuTarget
 from .cta import GEMM_TILE, WIDE_BLOCKS, tall_fits, wide_col_tiles, wide_decode_ctas
 

@@ -3,12 +3,12 @@ align kernel, in the GEMMs, or through memory for act-order) and the checks of a
 TilePass (tile.py) mixes this in; part two, each GEMM's CTA per bucket, is gemm_cta.py."""
 from __future__ import annotations
 
-from ...build import MOE_BLOCK_CHOICES, TALL_BLOCK
+from ...build import MOE_BLOCK_CHOICES
 from ...ir import Module
 from ..base import Context, PipelineError
 from .cta import (ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFILL_SPLITS, ROUTE_ALIGN_MAX_TOKENS,
                   ROUTE_ALIGN_SLOTS)
-from ...tile_model import TunedBucket
+from ...tile_model import TALL_BLOCK, TunedBucket
 from .moe_buckets import moe_buckets
 
 
