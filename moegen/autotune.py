@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from .build import MOE_BLOCK_CHOICES
 from .spec import Spec, load_spec
-from .target import GpuTarget, gpu_target
+from .target import gpu_target
 from .tile_model import TALL_BLOCK, GemmTile, MoeConfig
 from .tuning import Device, TuningDB
 
@@ -215,41 +215,51 @@ def msd_default_config(spec: Spec) -> dict:
 def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfig:
     """The config the tile pass picks without a database for a call of `tokens` tokens, in a
     plan for `arch` (the spec's where None)."""
-    from .passes.pipelines import lower
     from .passes.tiling.cta import GEMM_TILE
-    module = lower(spec, "cuda", tuning=None, arch=arch)[0]
-    gemms = {op.attr("mul_topk_weights"): op for op in module.function().ops
-             if op.NAME == "moe.grouped_gemm_w4a16"}
-    up, down = gemms[False], gemms[True]
-    buckets = up.attrs["block_buckets"]
-    i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
-    t, d = (GemmTile.per_bucket(g.attrs["tile"])[i] for g in (up, down))
+    block, t, d = built_tiles(spec, tokens, None, arch)
     wide = t.col_tiles > 1
     # (a split the device may double per call counts as the bucket's own: split_many)
-    return MoeConfig(up.attrs["block_buckets"][i][1], t.split_many, t.stages, d.split_many,
+    return MoeConfig(block, t.split_many, t.stages, d.split_many,
                      t.block_k, GEMM_TILE["warps"] if wide else t.warps, t.col_tiles,
                      t.warp_rows if wide else MoeConfig.warp_rows,
                      int(t.wgmma) if wide else MoeConfig.wgmma,
                      int(wide and (t.ctas_per_sm > 0 or d.ctas_per_sm > 0)))
 
 
-def same_tile(a: MoeConfig, b: MoeConfig, gpu: GpuTarget) -> bool:
-    """Whether two configs build the same kernels on `gpu` (a ring depth the block cannot
-    hold is cut by the tile pass, so 8 and 5 stages are the same for block 32)."""
-    from .passes.tiling.cta import gemm_stages, tall_stages, wgmma_fits, wide_stages
+def built_tiles(spec: Spec, tokens: int, config: MoeConfig | None,
+                arch: str | None = None) -> tuple:
+    """What the tile pass builds for a call of `tokens` tokens, in a plan for `arch` (the
+    spec's where None): the moe block and the gate/up and down GemmTiles of the bucket the call
+    runs, from `config`'s pass pipeline as the sweep times it (None: the default plan)."""
+    from .passes.pipelines import lower
+    pipeline = None if config is None else config.pipeline()
+    key = (spec.hash, tokens, pipeline, arch or spec.cuda_arch)
+    if key not in _BUILT:
+        module = lower(spec, "cuda", pipeline, tuning=None, arch=arch)[0]
+        up, down = (next(op for op in module.function().ops
+                         if op.NAME == "moe.grouped_gemm_w4a16"
+                         and op.attr("mul_topk_weights") == d) for d in (False, True))
+        buckets = up.attrs["block_buckets"]
+        i = next((i for i, (edge, _) in enumerate(buckets) if tokens <= edge), len(buckets) - 1)
+        _BUILT[key] = (buckets[i][1], *(GemmTile.per_bucket(g.attrs["tile"])[i]
+                                        for g in (up, down)))
+    return _BUILT[key]
+
+
+_BUILT: dict = {}        # built_tiles' plans of this process, by spec, tokens, pipeline, arch
+
+
+def same_tile(spec: Spec, tokens: int, a: MoeConfig, b: MoeConfig,
+              arch: str | None = None) -> bool:
+    """Whether two configs build the same kernels for a call of `tokens` tokens (built_tiles:
+    a ring depth the block cannot hold is cut by the tile pass, so 8 and 5 stages are the same
+    for block 32). The default config (default_config) is built as the default plan builds it:
+    its wide_decode form has no pass pipeline of its own."""
+    default = default_config(spec, tokens, arch)
 
     def built(c: MoeConfig) -> tuple:
-        if c.moe_block == TALL_BLOCK:      # the tall tile: only its ring depth varies
-            return (TALL_BLOCK, tall_stages(c.stages, c.block_k, gpu))
-        if c.col_tiles > 1:     # the wide CTA: its warps follow from its shape
-            rows = min(c.warp_rows, c.moe_block)
-            stages = wide_stages(c.moe_block, c.col_tiles, c.stages, c.block_k)
-            wg = bool(c.wgmma) and wgmma_fits(c.col_tiles, rows, c.moe_block, c.block_k, stages)
-            return (c.moe_block, c.col_tiles, rows, c.block_k, stages, wg, c.split_k,
-                    c.as_dict()["split_k_down"], c.wide_decode)
-        return (c.moe_block, c.split_k, c.as_dict()["split_k_down"], c.block_k, c.warps,
-                gemm_stages(c.moe_block, c.warps, c.stages, c.block_k))
-    return built(a) == built(b)
+        return built_tiles(spec, tokens, None if c == default else c, arch)
+    return a == b or built(a) == built(b)
 
 
 def _candidates(space: list, label: str, start: float, budget_s: float | None, log):
@@ -337,11 +347,11 @@ def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str
             continue
         default = default_config(spec, t, arch)
         space = config_space(spec, t, arch)
-        gpu = gpu_target(arch or spec.cuda_arch)
         lines.append(f"T = {t}: {len(space)} candidates, then the default "
                      f"({config_text(default.as_dict())})")
         lines += [f"  {c.pipeline()}" + ("  <- builds the default's kernels"
-                                         if same_tile(c, default, gpu) else "") for c in space]
+                                         if same_tile(spec, t, c, default, arch) else "")
+                  for c in space]
     return "\n".join(lines)
 
 
@@ -357,10 +367,10 @@ def results_table(results: list[dict], what: str = "T") -> str:
     return "\n".join(rows)
 
 
-def sweep_line(tokens: int, kept: tuple, swept: tuple, default: MoeConfig, default_us: float,
-               timed: int, candidates: int, gpu: GpuTarget) -> str:
+def sweep_line(spec: Spec, tokens: int, kept: tuple, swept: tuple, default: MoeConfig,
+               default_us: float, timed: int, candidates: int, arch: str) -> str:
     """The sweep's verdict for one token count: (time, config) kept and the sweep's fastest."""
-    if same_tile(kept[1], default, gpu):
+    if same_tile(spec, tokens, kept[1], default, arch):
         return (f"  T={tokens}: kept the default config {kept[1].as_dict()} ({default_us:.1f} us):"
                 f" the fastest of {timed} candidates timed (of {candidates}), "
                 f"{swept[1].as_dict()}, took {swept[0]:.1f} us; a candidate must beat the "
@@ -435,8 +445,8 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             best = keep_default_unless_faster(best, default_cfg, default_us)
             results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                             "default_us": default_us, "checked": True})
-            log(sweep_line(t, best, swept, default_cfg, default_us, timed, len(space),
-                           gpu_target(default.arch)))
+            log(sweep_line(spec, t, best, swept, default_cfg, default_us, timed, len(space),
+                           default.arch))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     db.record(spec, device, results)

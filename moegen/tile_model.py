@@ -1,13 +1,16 @@
-"""The MoE GEMM tile as typed values: what the tile pass chooses per token bucket
-(`GemmTile`), how the IR carries it (one `tile` attribute of a grouped GEMM: block_n and one
-list per field, a bucket an index), one point of autotune's sweep as the tuning database
-records it (`MoeConfig`), and a tuning entry's bucket as the tile pass reads it (`TunedBucket`:
-an edge and a MoeConfig's fields). The IR verifier, the emitter, autotune and the database read
-tiles through these, never by position."""
+"""The MoE GEMM tile as typed values, at two levels:
+- `MoeConfig`: a token bucket's choice for the layer (moe block, K splits of both GEMMs, ring
+  depth, k a stage, warps, the wide CTA's shape): what autotune enumerates and times, what the
+  tuning database records (`as_dict`, `from_record`), and, as a `TunedBucket` (its bucket's
+  edge beside it), what the tile pass reads from a tuning entry;
+- `GemmTile`: what the tile pass builds from it (or from its own defaults) for each grouped
+  GEMM of the bucket, after the shared-memory and register rules of the target: how the IR
+  carries it (one `tile` attribute of a grouped GEMM: block_n and one list per field, a bucket
+  an index), what the IR verifier checks and the emitter reads.
+Nothing reads a tile by position."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import NamedTuple
 
 TALL_BLOCK = 128      # the tall prefill tile's moe block (rows an expert's block holds)
 
@@ -104,28 +107,21 @@ class MoeConfig:
     @classmethod
     def from_record(cls, config: dict) -> "MoeConfig":
         """A config as the tuning database recorded it (`as_dict`), the fields it lacks as
-        they were measured."""
+        they were measured; ValueError naming a missing or unknown key."""
+        names = [f.name for f in fields(cls)]
+        faults = ([f"lacks {k}" for k in ("moe_block", "split_k") if k not in config]
+                  + [f"has unknown key {k!r}" for k in sorted(set(config) - set(names))])
+        if faults:
+            raise ValueError(f"a recorded MoE config {'; '.join(faults)} (its keys: "
+                             f"{', '.join(names)})")
         return cls(config["moe_block"], config["split_k"],
                    split_k_down=config.get("split_k_down", config["split_k"]),
                    **{k: config.get(k, v) for k, v in cls.RECORDED_BEFORE.items()})
 
 
-class TunedBucket(NamedTuple):
-    """One bucket of a tuning entry (moegen.tuning: a list in the database file), by name.
-    Entries recorded before a field existed stop before it: it reads None, and the tile pass
-    takes its default."""
-    edge: int                      # the bucket's largest token count
-    moe_block: int
-    split_k: int
-    stages: int | None = None
-    split_k_down: int | None = None
-    block_k: int | None = None
-    warps: int | None = None
-    col_tiles: int | None = None   # present: the entry was measured on the wide CTA's fields
-    warp_rows: int | None = None
-    wgmma: int | None = None
-    wide_decode: int | None = None
-
-    @classmethod
-    def of(cls, values) -> "TunedBucket":
-        return values if isinstance(values, cls) else cls(*values)
+@dataclass(frozen=True)
+class TunedBucket:
+    """One bucket of a tuning entry as the tile pass reads it (moegen.tuning): the largest token
+    count it serves and the config measured for it."""
+    edge: int
+    config: MoeConfig

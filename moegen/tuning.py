@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .build import build
@@ -67,12 +67,6 @@ def kernel_sources() -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def _tuned_bucket(edge: int, config: dict) -> TunedBucket:
-    """A recorded config as the tile pass reads a bucket (MoeConfig.from_record: fields
-    recorded before they existed take the values those configs were measured with)."""
-    return TunedBucket(edge, **asdict(MoeConfig.from_record(config)))
 
 
 def entry_key(spec: Spec, device: Device) -> str:
@@ -137,9 +131,9 @@ class TuningDB:
         return None
 
     def lookup(self, spec: Spec, device: Device, gpu: GpuTarget | None = None) -> dict | None:
-        """The tile pass's view (or None). MoE: {"buckets": [[edge, block, split, stages,
-        split of the down GEMM, block_k, warps, col_tiles, warp_rows, wgmma, wide_decode],
-        ...]};
+        """The tile pass's view (or None). MoE: {"buckets": [TunedBucket, ...]}, each recorded
+        config read by MoeConfig.from_record (fields recorded before they existed take the
+        values those configs were measured with; a key missing or unknown is a ValueError);
         MSD: the best tile config measured for the spec's lowering ({"block_n", "mma",
         "vec_warps", "cube_warps", "split_k", "stages", "occupancy", "schedule"}, stages and
         occupancy absent from entries recorded before them, or {"split_k"} for dequant).
@@ -161,7 +155,8 @@ class TuningDB:
             # bucket); its config serves the other counts too
             results = results * 2
         edges = bucket_edges([r["tokens"] for r in results], spec.tokens.max, single)
-        return {"buckets": [_tuned_bucket(edge, r["config"]) for edge, r in zip(edges, results)]}
+        return {"buckets": [TunedBucket(edge, MoeConfig.from_record(r["config"]))
+                            for edge, r in zip(edges, results)]}
 
     # --- writing ------------------------------------------------------------------------------
     def record(self, spec: Spec, device: Device, results: list[dict]) -> str:

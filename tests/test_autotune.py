@@ -129,9 +129,11 @@ def test_bucket_edges_pick_the_nearest_measured_count(tmp_path):
     db = tdb.TuningDB(tmp_path / "t.json")
     db.record(mixtral, H200, [{"tokens": 1, "config": {"moe_block": 8, "split_k": 4},
                                "time_us": 1.0, "default_us": 1.0, "checked": True}])
-    assert [list(b[:3]) for b in db.lookup(mixtral, H200)["buckets"]] == [[1, 8, 4], [8192, 8, 4]]
+    assert [(b.edge, b.config.moe_block, b.config.split_k)
+            for b in db.lookup(mixtral, H200)["buckets"]] == [(1, 8, 4), (8192, 8, 4)]
     db.record(QWEN, H200, RESULTS[:1])                # no single-token bucket: one bucket
-    assert [list(b[:3]) for b in db.lookup(QWEN, H200)["buckets"]] == [[8192, 16, 2]]
+    assert [(b.edge, b.config.moe_block, b.config.split_k)
+            for b in db.lookup(QWEN, H200)["buckets"]] == [(8192, 16, 2)]
 
 
 def test_compile_uses_the_tuned_config(tmp_path):
@@ -187,8 +189,9 @@ def test_tuned_warpgroup_mma_flag(tmp_path):
     assert at.default_config(QWEN, 2048).wgmma == 1
     # wgmma only where the tile allows: 2 column tiles are the same kernel either way
     a, b = (at.MoeConfig(32, 1, 4, 1, 32, 4, 2, 32, wg) for wg in (0, 1))
-    assert at.same_tile(a, b, SM90A) and not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 0),
-                                                    at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 1), SM90A)
+    assert at.same_tile(QWEN, 512, a, b) and not at.same_tile(
+        QWEN, 512, at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 0),
+        at.MoeConfig(32, 1, 4, 1, 32, 4, 4, 32, 1))
 
 
 def test_tuned_split_per_gemm(tmp_path):
@@ -219,26 +222,34 @@ def test_default_config_is_recognised_in_the_sweep():
     wide = at.default_config(QWEN, 512)
     # from T = 160 (40 slots an expert, of 8 experts) the tall tile: block 128, 128 k a stage
     assert at.default_config(mixtral, 2048) == at.MoeConfig(128, 1, 4, 1, 128, 4, col_tiles=4)
-    assert not at.same_tile(wide, at.default_config(mixtral, 2048), SM90A)
+    assert not at.same_tile(mixtral, 2048, wide, at.default_config(mixtral, 2048))
     # T = 53..64: the wide CTA at decode, the down GEMM split 4; another split builds other kernels
     assert at.default_config(mixtral, 64) == at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4,
                                                           wide_decode=1)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4, wide_decode=1),
-                            at.default_config(mixtral, 64), SM90A)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4),
-                            at.default_config(mixtral, 64), SM90A)
-    # block 32 holds 5 ring stages at most: asking for 8 builds the same kernels
-    assert at.same_tile(at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1), SM90A)
+    assert at.same_tile(mixtral, 64, at.default_config(mixtral, 64),
+                        at.default_config(mixtral, 64))
+    assert not at.same_tile(mixtral, 64, at.MoeConfig(32, 1, 4, 8, 32, 4, col_tiles=4,
+                                                      wide_decode=1),
+                            at.default_config(mixtral, 64))
+    assert not at.same_tile(mixtral, 64, at.MoeConfig(32, 1, 4, 4, 32, 4, col_tiles=4),
+                            at.default_config(mixtral, 64))
+    # block 32 holds 5 ring stages at most, cut to 4 (a power of two): asking for 8 builds the
+    # same kernels, 2 others
+    assert at.same_tile(QWEN, 64, at.MoeConfig(32, 1, 8, 1), at.MoeConfig(32, 1, 5, 1))
+    assert not at.same_tile(QWEN, 64, at.MoeConfig(32, 1, 2, 1), at.MoeConfig(32, 1, 4, 1))
     # the wide CTA's warps follow from its shape; its ring holds 7 stages of 32 k at most
-    assert at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 2, 4), wide, SM90A)
-    assert at.same_tile(at.MoeConfig(32, 1, 9, 1, 32, 4, 4), at.MoeConfig(32, 1, 7, 1, 32, 4, 4), SM90A)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4, 2), wide, SM90A)
-    assert not at.same_tile(at.MoeConfig(32, 1, 4, 1, 32, 4), wide, SM90A)
-    assert not at.same_tile(wide, at.default_config(mixtral, 128), SM90A)
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 2), at.default_config(mixtral, 1), SM90A)
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, block_k=32), at.default_config(mixtral, 1), SM90A)
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 4, warps=2), at.default_config(mixtral, 1), SM90A)
-    assert not at.same_tile(at.MoeConfig(8, 1, 8, 8), at.default_config(mixtral, 1), SM90A)
+    assert at.same_tile(QWEN, 512, at.MoeConfig(32, 1, 4, 1, 32, 2, 4), wide)
+    assert at.same_tile(QWEN, 512, at.MoeConfig(32, 1, 9, 1, 32, 4, 4),
+                        at.MoeConfig(32, 1, 7, 1, 32, 4, 4))
+    assert not at.same_tile(QWEN, 512, at.MoeConfig(32, 1, 4, 1, 32, 4, 2), wide)
+    assert not at.same_tile(QWEN, 512, at.MoeConfig(32, 1, 4, 1, 32, 4), wide)
+    assert not at.same_tile(mixtral, 128, wide, at.default_config(mixtral, 128))
+    one = at.default_config(mixtral, 1)
+    assert at.same_tile(mixtral, 1, at.MoeConfig(8, 1, 8, 8, warps=2), one)
+    assert not at.same_tile(mixtral, 1, at.MoeConfig(8, 1, 8, 2), one)
+    assert not at.same_tile(mixtral, 1, at.MoeConfig(8, 1, 8, 4, block_k=32), one)
+    assert not at.same_tile(mixtral, 1, at.MoeConfig(8, 1, 8, 4, warps=2), one)
+    assert not at.same_tile(mixtral, 1, at.MoeConfig(8, 1, 8, 8), one)
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"])
@@ -328,8 +339,8 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
         for t in (edge, 4096):
             space = at.config_space(spec, t)
             assert [c.stages for c in space[:2]] == [4, 3] and space[0].moe_block == 128
-            assert at.same_tile(space[0], at.default_config(spec, t), SM90A)
-            assert not at.same_tile(space[1], at.default_config(spec, t), SM90A)
+            assert at.same_tile(spec, t, space[0], at.default_config(spec, t))
+            assert not at.same_tile(spec, t, space[1], at.default_config(spec, t))
             assert sum(c.moe_block == 128 for c in space) == 2
             assert not any(c.moe_block == 128 for c in at.config_space(spec, t, "sm_90"))
     # below the tall edge, after the wide CTA's candidates, from 33 slots an expert
@@ -346,8 +357,9 @@ def test_sweep_has_the_tall_tile_at_prefill_sizes(tmp_path):
     assert all(v["kernel"].endswith("_b128_c4_tall_p3_k128")
                for g in plan["gemms"] for v in g["variants"])
     # the tall tile's depth: 3 at least, 4 at most (5 stages of 128 k pass 227 KB)
-    assert at.same_tile(dataclasses.replace(tall3, stages=2), tall3, SM90A)
-    assert at.same_tile(dataclasses.replace(tall3, stages=8), at.config_space(mixtral, 2048)[0], SM90A)
+    assert at.same_tile(mixtral, 2048, dataclasses.replace(tall3, stages=2), tall3)
+    assert at.same_tile(mixtral, 2048, dataclasses.replace(tall3, stages=8),
+                        at.config_space(mixtral, 2048)[0])
     path = tmp_path / "t.json"
     tdb.TuningDB(path).record(mixtral, H200, [
         {"tokens": t, "config": c.as_dict(), "time_us": 1.0, "default_us": 1.0, "checked": True}
@@ -376,7 +388,7 @@ def test_sweep_splits_the_wide_cta_where_a_prefill_call_leaves_the_sms_short():
     deepseek = moegen.load_spec(ROOT / "examples" / "deepseek-v2-lite.yaml")
     assert all(not splits(s, t) for s in (QWEN, deepseek) for t in (65, 128, 256, 2048))
     cfg = next(c for c in at.config_space(mixtral, 128) if c.split_k_down == 4)
-    assert not at.same_tile(cfg, at.default_config(mixtral, 128), SM90A)    # the default doubles
+    assert not at.same_tile(mixtral, 128, cfg, at.default_config(mixtral, 128))   # it doubles
     module, _, pm = lower(mixtral, "cuda", cfg.pipeline(), tuning=None, arch="sm_90a")
     down = emit_moe(mixtral, module, pm.pipeline, "sm_90a").plan["gemms"][1]["variants"][-1]
     assert (down["split"], down["split_many"], down["ctas_per_sm"]) == (4, 4, 4)
@@ -443,12 +455,12 @@ def test_results_table():
 def test_sweep_line_says_what_was_kept_and_why():
     default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
     kept = at.keep_default_unless_faster((26.0, other), default, 26.8)
-    line = at.sweep_line(1, kept, (26.0, other), default, 26.8, 49, 416, SM90A)
+    line = at.sweep_line(QWEN, 1, kept, (26.0, other), default, 26.8, 49, 416, "sm_90a")
     assert line.startswith("  T=1: kept the default config {'moe_block': 8, 'split_k': 1,")
     assert "(26.8 us): the fastest of 49 candidates timed (of 416)" in line
     assert f"{other.as_dict()}, took 26.0 us; a candidate must beat the default by 5%" in line
     won = at.keep_default_unless_faster((20.0, other), default, 26.8)
-    line = at.sweep_line(64, won, (20.0, other), default, 26.8, 416, 416, SM90A)
+    line = at.sweep_line(QWEN, 64, won, (20.0, other), default, 26.8, 416, 416, "sm_90a")
     assert line == f"  T=64: best {other.as_dict()} 20.0 us, default 26.8 us (1.34x)"
 
 

@@ -14,6 +14,8 @@ from moegen.passes.pipelines import DEFAULT_PIPELINES, lower
 from moegen.passes.tiling.moe_buckets import single_token_bucket
 from moegen.passes.tiling.msd import MSD_CTAS_PER_SM
 from moegen.target import CUDA_ARCHS, gpu_target
+from moegen.tile_model import MoeConfig, TunedBucket
+from moegen import tuning as tdb
 from moegen.targets.cuda.emitter import device_headers, emit_moe
 from gpu_cases import moe_spec
 from conftest import EXAMPLES, ROOT
@@ -395,8 +397,7 @@ def test_tall_tile_in_large_prefill_buckets():
                                             r"weight's 320 columns"):
         lower(odd, "cuda", "fuse-align,fuse-swiglu,tile{moe-block=128},alloc")
     # a tuning entry may give block 128 only where the tall tile fits
-    entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [4096, 128, 1, 4, 1, 16, 4]]}
-    ctx_tuning = type("Entry", (), {"lookup": lambda self, spec, target, gpu=None: entry})()
+    ctx_tuning = _Entries([[64, 8, 1, 8, 1, 16, 4], [4096, 128, 1, 4, 1, 16, 4]])
     with pytest.raises(PipelineError, match=r"tuning entry: a bucket of block 128 \(the tall "
                                             r"tile\) needs the weight's 320 columns in whole CTAs"):
         lower(odd, "cuda", tuning=ctx_tuning)
@@ -431,8 +432,7 @@ def test_moe_block_128_is_the_tall_tile_for_every_call():
             lower(MOE, "cuda", f"fuse-align,fuse-swiglu,tile{{moe-block=128,{opts}}},alloc")
     with pytest.raises(PipelineError, match=r"tile\{moe-block=256\}: must be one of"):
         lower(MOE, "cuda", "tile{moe-block=256}")
-    entry = {"buckets": [[64, 8, 1, 8, 1, 16, 4], [8192, 128, 2, 4, 1, 128, 4, 4, 32, 1]]}
-    split_tall = type("Entry", (), {"lookup": lambda self, spec, target, gpu=None: entry})()
+    split_tall = _Entries([[64, 8, 1, 8, 1, 16, 4], [8192, 128, 2, 4, 1, 128, 4, 4, 32, 1]])
     with pytest.raises(PipelineError, match=r"tuning entry: split-k 2 in a bucket of block 128"):
         lower(MOE, "cuda", tuning=split_tall)
 
@@ -626,9 +626,11 @@ def test_alloc_msd_rotating_buffers_take_their_slots():
 
 
 class _Entries:
-    """A tuning database lookup answering fixed bucket entries."""
+    """A tuning database lookup answering fixed buckets, each (edge, MoeConfig's fields in
+    order: moe_block, split_k, stages, split_k_down, block_k, warps, col_tiles, warp_rows,
+    wgmma, wide_decode)."""
     def __init__(self, buckets):
-        self.buckets = buckets
+        self.buckets = [TunedBucket(edge, MoeConfig(*fields)) for edge, *fields in buckets]
 
     def lookup(self, spec, target, gpu=None):
         return {"buckets": self.buckets}
@@ -730,33 +732,48 @@ def test_prefill_split_options():
         prefill("prefill-split-k=2", odd)
 
 
-@pytest.mark.parametrize("buckets,message", [
-    ([[8192, 3, 1]], "the bucket up to T = 8192 has moe-block 3: must be one of 1, 2, 4, 8, 16, "
-                     "32, 64, 128"),
-    ([[8192, 8, 0]], "has split-k 0: must be an integer >= 1"),
-    ([[8192, 8, True]], "has split-k True: must be an integer >= 1"),
-    ([[8192, 8, 1, 8, "2"]], "has split-k-down '2': must be an integer >= 1"),
-    ([[8192, 8, 1, 0]], "has stages 0: must be an integer >= 1"),
-    ([[8192, 8, 1, 8, 1, 48]], "has block-k 48: must be one of 16, 32"),
-    ([[8192, 8, 1, 8, 1, 16, 3]], "has warps 3: must be one of 1, 2, 4, 8"),
-    ([[8192, 32, 1, 4, 1, 32, 4, 3, 32, 1]], "has wide-cols 3: must be one of 0, 1, 2, 4, 8"),
-    ([[8192, 32, 1, 4, 1, 32, 4, 4, 48, 1]], "has warp-rows 48: must be one of 32, 64"),
-    ([[8192, 32, 1, 4, 1, 32, 4, 4, 32, 1, 2]], "has wide_decode 2: must be one of 0, 1"),
-    ([[64, 8, 1], [32, 8, 1], [8192, 8, 1]], "the bucket up to T = 32: bucket ends must be "
-                                             "integers that ascend"),
-    ([[8192, 8]], "the bucket up to T = 8192 has 2 values: must be 3 to 11 (edge, moe_block, "
-                  "split_k, stages, split_k_down, block_k, warps, col_tiles, warp_rows, wgmma, "
-                  "wide_decode)"),
-    ([[8192, 32, 1, 4, 1, 32, 4, 4, 32, 1, 0, 7]], "has 12 values: must be 3 to 11"),
+@pytest.mark.parametrize("config,message", [
+    ({"moe_block": 3, "split_k": 1}, "the bucket up to T = 8192 has moe-block 3: must be one of "
+                                     "1, 2, 4, 8, 16, 32, 64, 128"),
+    ({"moe_block": 8, "split_k": 0}, "has split-k 0: must be an integer >= 1"),
+    ({"moe_block": 8, "split_k": True}, "has split-k True: must be an integer >= 1"),
+    ({"moe_block": 8, "split_k": 1, "split_k_down": "2"},
+     "has split-k-down '2': must be an integer >= 1"),
+    ({"moe_block": 8, "split_k": 1, "stages": 0}, "has stages 0: must be an integer >= 1"),
+    ({"moe_block": 8, "split_k": 1, "block_k": 48}, "has block-k 48: must be one of 16, 32"),
+    ({"moe_block": 8, "split_k": 1, "warps": 3}, "has warps 3: must be one of 1, 2, 4, 8"),
+    ({"moe_block": 32, "split_k": 1, "col_tiles": 3},
+     "has wide-cols 3: must be one of 0, 1, 2, 4, 8"),
+    ({"moe_block": 32, "split_k": 1, "col_tiles": 4, "warp_rows": 48},
+     "has warp-rows 48: must be one of 32, 64"),
+    ({"moe_block": 32, "split_k": 1, "col_tiles": 4, "wide_decode": 2},
+     "has wide_decode 2: must be one of 0, 1"),
+    ({"moe_block": 8}, "a recorded MoE config lacks split_k (its keys: moe_block, split_k, "
+                       "stages, split_k_down, block_k, warps, col_tiles, warp_rows, wgmma, "
+                       "wide_decode)"),
+    ({"moe_block": 8, "split_k": 1, "colour": 2}, "a recorded MoE config has unknown key "
+                                                  "'colour'"),
 ])
-def test_a_hand_edited_tuning_entry_fails_naming_the_field(buckets, message):
-    """A tuning entry is a file people may edit: each field must take a value its option
-    takes, the buckets must ascend, a block must fit the routing buffers (the spec's
-    moe.block_size where it sets one); the error names the bucket, the field and the rule."""
+def test_a_hand_edited_tuning_entry_fails_naming_the_field(tmp_path, config, message):
+    """A tuning database is a file people may edit: each field of a recorded config must take
+    a value its option takes and be one of MoeConfig's, a block must fit the routing buffers
+    (the spec's moe.block_size where it sets one); the error names the bucket, the field and
+    the rule."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    device = tdb.Device("NVIDIA H200", "nvrtc 13.0")
+    db = tdb.TuningDB(tmp_path / "t.json")
+    db.record(spec, device, [{"tokens": 64, "config": config, "time_us": 1.0,
+                              "default_us": 1.0, "checked": True}])
     with pytest.raises(PipelineError, match=re.escape(f"tuning entry: {message}") if
-                       message.startswith("the bucket") else re.escape(message)):
-        lower(spec, "cuda", tuning=_Entries(buckets))
+                       message.startswith(("the bucket", "a recorded")) else re.escape(message)):
+        lower(spec, "cuda", tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"), device))
+
+
+def test_tuning_entry_buckets_must_ascend():
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    with pytest.raises(PipelineError, match=re.escape(
+            "tuning entry: the bucket up to T = 32: bucket ends must be integers that ascend")):
+        lower(spec, "cuda", tuning=_Entries([[64, 8, 1], [32, 8, 1], [8192, 8, 1]]))
 
 
 def test_a_tuning_entry_keeps_the_spec_block_and_the_msd_option_values():

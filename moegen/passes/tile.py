@@ -193,8 +193,11 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
     def apply(self, module: Module, ctx: Context) -> None:
         spec = ctx.spec
         self.gpu = ctx.gpu_target()
-        tuned = (ctx.tuning.lookup(spec, ctx.target, self.gpu) if ctx.tuning is not None
-                 else None)
+        try:
+            tuned = (ctx.tuning.lookup(spec, ctx.target, self.gpu) if ctx.tuning is not None
+                     else None)
+        except ValueError as exc:           # a database file edited by hand
+            raise PipelineError(f"tuning entry: {exc}") from None
         if spec.pipeline == "moe_w4a16":
             self._moe(module, ctx, tuned or {})
         else:

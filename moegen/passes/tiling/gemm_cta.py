@@ -54,8 +54,8 @@ class GemmTiling:
             stages[0] = plain
             self._routing_costs_stages = True
         if tuned_buckets:
-            splits = [b.split_k_down if down and b.split_k_down is not None else b.split_k
-                      for b in tuned_buckets]
+            splits = [b.config.split_k_down if down and b.config.split_k_down is not None
+                      else b.config.split_k for b in tuned_buckets]
         else:
             # each decode bucket's split is sized for its smallest call; the bucket after the
             # single-token one keeps the split sized for one token that it had before there was
@@ -122,16 +122,16 @@ class GemmTiling:
                     "warps": TALL_TILE["col_tiles"] * block // TALL_TILE["warp_rows"],
                     "wgmma": True}
         fixed = self.option("moe-block")
-        wide = b is not None and b.col_tiles is not None
-        # (an entry without col_tiles was measured with the K-split CTA)
-        cols = self._pick("wide-cols", b, "col_tiles", WIDE_COL_TILES if b is None else 1) or 1
+        # (a tuning entry's config gives the wide CTA's fields; col_tiles 1: the K-split CTA)
+        wide = b is not None
+        cols = self._pick("wide-cols", b, "col_tiles", WIDE_COL_TILES) or 1
         rows = min(block, self._pick("warp-rows", b, "warp_rows", WIDE_TILE["warp_rows"]))
         # the wide CTA split over K: a tuning entry's in a decode bucket (or split, or marked
         # wide_decode), or the default of a decode bucket whose experts pass WIDE_DECODE_SLOTS
         # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
         # leave the SMs short (prefill_fill; the split sized for its smallest call), or a
         # prefill bucket's as prefill-split-k asks
-        wide_decode = wide and bool(b.wide_decode)
+        wide_decode = wide and bool(b.config.wide_decode)
         prefill = edge > DECODE_MAX_TOKENS
         prefill_fill = (b is None and not fixed and not split and prefill
                         and cols > 1 and prefill_short(spec, self.gpu, edge, block, ntiles, cols,
@@ -176,15 +176,14 @@ class GemmTiling:
             cols = 1
         if cols == 1:
             return cta
-        bk = self.option("block-k") or (b.block_k if wide else WIDE_TILE["block_k"])
+        bk = self.option("block-k") or (b.config.block_k if wide else WIDE_TILE["block_k"])
         if (k_dim // 16) % (bk // 16) or group % bk:
             raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
                                 f"{group}, is not a whole number of {bk}-deep stages")
         stages = wide_stages(block, cols, self.option("stages") or (
-            b.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
-        # the warpgroup MMA kernel where the tile allows (a tuning entry without index 9 was
-        # measured on mma.sync)
-        wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"] if b is None else 0))
+            b.config.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
+        # the warpgroup MMA kernel where the tile allows
+        wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"]))
         return {**cta, "col_tiles": cols, "warp_rows": rows, "block_k": bk,
                 "warps": cols * block // rows, "stages": stages,
                 "ctas_per_sm": ctas if split_wide else 0,

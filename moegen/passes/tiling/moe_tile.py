@@ -47,8 +47,7 @@ class MoeTiling:
             self.option(name) is None
             for name in ("block-k", "wide-cols", "warp-rows", *PREFILL_SPLITS)) and \
             self.option("wgmma") != 0
-        # (a database bucket is a list: its edge and block first, TunedBucket's fields in order)
-        buckets = ([[b[0], b[1]] for b in tuned_buckets] if tuned_buckets
+        buckets = ([[b.edge, b.config.moe_block] for b in tuned_buckets] if tuned_buckets
                    else moe_buckets(spec, self.gpu, fixed, tall))
         for op in module.function().walk():
             if "block" in op.ATTRS and "block_buckets" in op.ATTRS:
@@ -75,8 +74,8 @@ class MoeTiling:
                 k_dim = op.operands[0].type.shape[1].value
                 n = op.operands[1].type.shape[2].value
                 down = bool(op.attr("mul_topk_weights"))
-                typed = [TunedBucket.of(b) for b in tuned_buckets] if tuned_buckets else None
-                op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets, typed)
+                op.attrs["tile"] = self._gemm_tile(spec, k_dim, n, down, buckets,
+                                                   tuned_buckets)
         self._first_bucket_routes(module)
         self._one_launch(module, spec)
 
@@ -124,8 +123,8 @@ class MoeTiling:
             raise PipelineError(f"tile{{one-launch=1}}: {rule}")
         router.attrs["one_launch"] = True
 
-    # a tuning entry's bucket (TunedBucket): the option whose values each field after the edge
-    # must take (wide_decode takes wgmma's, 0 or 1)
+    # a tuning entry's config (MoeConfig): the option whose values each field must take
+    # (wide_decode takes wgmma's, 0 or 1)
     ENTRY_OPTIONS = {"moe_block": "moe-block", "split_k": "split-k", "stages": "stages",
                      "split_k_down": "split-k-down", "block_k": "block-k", "warps": "warps",
                      "col_tiles": "wide-cols", "warp_rows": "warp-rows", "wgmma": "wgmma",
@@ -133,30 +132,29 @@ class MoeTiling:
     # the fields a tall bucket's tile sets itself, whatever the entry says
     TALL_OWN = ("block_k", "warps", "col_tiles", "warp_rows", "wgmma", "wide_decode")
 
-    def _check_entry(self, spec, tuned_buckets: list, routing_block: int) -> None:
+    def _check_entry(self, spec, tuned_buckets: list[TunedBucket], routing_block: int) -> None:
         """A tuning entry (a database file, maybe edited by hand) takes the values the options
         take, its buckets end in ascending order, and its blocks fit the routing buffers (the
         spec's moe.block_size where it fixes one)."""
         edge = 0
         for b in tuned_buckets:
-            where = f"tuning entry: the bucket up to T = {b[0]}"
-            names = TunedBucket._fields
-            if not 3 <= len(b) <= len(names):
-                raise PipelineError(f"{where} has {len(b)} values: must be 3 to {len(names)} "
-                                    f"({', '.join(names)})")
-            if not (type(b[0]) is int and b[0] > edge):
+            where = f"tuning entry: the bucket up to T = {b.edge}"
+            if not (type(b.edge) is int and b.edge > edge):
                 raise PipelineError(f"{where}: bucket ends must be integers that ascend")
-            edge = b[0]
-            for field, value in zip(names[1:], b[1:]):
-                if not (b[1] == TALL_BLOCK and field in self.TALL_OWN):
-                    option = self.ENTRY_OPTIONS[field]
-                    self._check_entry_value(where, option, value,
-                                            field if field == "wide_decode" else option)
-            if b[1] > routing_block or spec.moe.block_size not in (None, b[1]):
+            edge = b.edge
+            block = b.config.moe_block
+            for field, option in self.ENTRY_OPTIONS.items():
+                value = getattr(b.config, field)
+                if (block == TALL_BLOCK and field in self.TALL_OWN
+                        or field == "split_k_down" and value is None):    # None: as split_k
+                    continue
+                self._check_entry_value(where, option, value,
+                                        field if field == "wide_decode" else option)
+            if block > routing_block or spec.moe.block_size not in (None, block):
                 rule = (f"the spec's moe.block_size, {spec.moe.block_size}"
                         if spec.moe.block_size else f"at most {routing_block}, as the routing "
                         f"buffers allow")
-                raise PipelineError(f"{where} has moe-block {b[1]}: must be {rule}")
+                raise PipelineError(f"{where} has moe-block {block}: must be {rule}")
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
@@ -194,12 +192,10 @@ class MoeTiling:
         return top_k <= GEMM_ROUTE_MAX_TOPK if asked is None else bool(asked)
 
     def _pick(self, option: str, b: TunedBucket | None, field: str, default):
-        """The option's value, else a tuning entry bucket's `field` (where it has one), else the
-        default."""
+        """The option's value, else a tuning entry bucket's `field`, else the default."""
         if self.option(option) is not None:
             return self.option(option)
-        value = None if b is None else getattr(b, field)
-        return default if value is None else value
+        return default if b is None else getattr(b.config, field)
 
     def _split_name(self, name: str, down: bool) -> str:
         """The split option a GEMM takes: the down GEMM's own (`name`-down) where given."""
