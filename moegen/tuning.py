@@ -102,7 +102,13 @@ class TuningDB:
             except (OSError, json.JSONDecodeError) as exc:
                 self.warn(f"moegen: tuning database {self.path} is unreadable ({exc}); ignored")
                 data = {}
-            if data.get("format") == FORMAT:
+            if not isinstance(data, dict):
+                self.warn(f"moegen: tuning database {self.path} is not a JSON object; ignored")
+            elif data and data.get("format") != FORMAT:
+                self.warn(f"moegen: tuning database {self.path} has format "
+                          f"{data.get('format')!r}, this moegen reads format {FORMAT}; ignored "
+                          f"(run moegen autotune again)")
+            else:
                 self.entries = dict(data.get("entries", {}))
 
     # --- reading ------------------------------------------------------------------------------

@@ -32,6 +32,23 @@ def test_round_trip(tmp_path):
     assert key in json.loads((tmp_path / "t.json").read_text())["entries"]
 
 
+@pytest.mark.parametrize("text,says", [
+    ('{"format": 0, "entries": {}}', "has format 0, this moegen reads format 1; ignored"),
+    ("[1, 2]", "is not a JSON object; ignored"),
+    ("{not json", "is unreadable"),
+])
+def test_a_database_it_cannot_read_is_ignored_with_a_warning(tmp_path, text, says):
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    warnings = []
+    db = tdb.TuningDB(path, warn=warnings.append)
+    assert db.entries == {} and len(warnings) == 1 and says in warnings[0], warnings
+    # recording into it replaces the file with one of this format
+    db.record(QWEN, H200, RESULTS)
+    assert tdb.TuningDB(path, warn=warnings.append).entry(QWEN, H200)["results"] == RESULTS
+    assert len(warnings) == 1
+
+
 def test_key_is_stable_across_processes_and_tracks_what_matters():
     code = ("import moegen; from moegen import tuning as tdb; "
             "print(tdb.entry_key(moegen.load_spec('examples/qwen3-30b-a3b.yaml'), "
