@@ -788,7 +788,7 @@ def test_a_tuning_entry_keeps_the_spec_block_and_the_msd_option_values():
 
 
 def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
-    """An entry's column tiles (index 7) in a decode bucket build the wide CTA split over K as
+    """An entry's column tiles (col_tiles) in a decode bucket build the wide CTA split over K as
     the entry says, registers capped for 4 CTAs an SM (2 of two warpgroups); a split that cuts a
     scale group fails."""
     mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
