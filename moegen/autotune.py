@@ -226,6 +226,9 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
                      int(wide and (t.ctas_per_sm > 0 or d.ctas_per_sm > 0)))
 
 
+_BUILT: dict = {}        # built_tiles' plans of this process, by spec, tokens, pipeline, arch
+
+
 def built_tiles(spec: Spec, tokens: int, config: MoeConfig | None,
                 arch: str | None = None) -> tuple:
     """What the tile pass builds for a call of `tokens` tokens, in a plan for `arch` (the
@@ -244,9 +247,6 @@ def built_tiles(spec: Spec, tokens: int, config: MoeConfig | None,
         _BUILT[key] = (buckets[i][1], *(GemmTile.per_bucket(g.attrs["tile"])[i]
                                         for g in (up, down)))
     return _BUILT[key]
-
-
-_BUILT: dict = {}        # built_tiles' plans of this process, by spec, tokens, pipeline, arch
 
 
 def same_tile(spec: Spec, tokens: int, a: MoeConfig, b: MoeConfig,

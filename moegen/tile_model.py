@@ -79,9 +79,13 @@ class MoeConfig:
     wgmma: int = 1                           # the wide CTA on warpgroup MMA (sm_90a)
     wide_decode: int = 0                     # the wide CTA split over K as the default's
 
+    def split(self, down: bool) -> int:
+        """The K split of the down GEMM (`down`) or of gate/up."""
+        return self.split_k_down if down and self.split_k_down is not None else self.split_k
+
     def pipeline(self, fuse_swiglu: bool = True) -> str:
         """The pass pipeline that builds this config's kernels."""
-        down = self.split_k if self.split_k_down is None else self.split_k_down
+        down = self.split(down=True)
         # (the wide CTA is a prefill size's candidate: its splits are the prefill buckets')
         split = "prefill-split-k" if self.col_tiles > 1 else "split-k"
         tile = (f"tile{{moe-block={TALL_BLOCK},stages={self.stages}}}"
@@ -94,7 +98,7 @@ class MoeConfig:
 
     def as_dict(self) -> dict:
         return {"moe_block": self.moe_block, "split_k": self.split_k, "stages": self.stages,
-                "split_k_down": self.split_k if self.split_k_down is None else self.split_k_down,
+                "split_k_down": self.split(down=True),
                 "block_k": self.block_k, "warps": self.warps, "col_tiles": self.col_tiles,
                 "warp_rows": self.warp_rows, "wgmma": self.wgmma,
                 **({"wide_decode": 1} if self.wide_decode else {})}

@@ -54,8 +54,7 @@ class GemmTiling:
             stages[0] = plain
             self._routing_costs_stages = True
         if tuned_buckets:
-            splits = [b.config.split_k_down if down and b.config.split_k_down is not None
-                      else b.config.split_k for b in tuned_buckets]
+            splits = [b.config.split(down) for b in tuned_buckets]
         else:
             # each decode bucket's split is sized for its smallest call; the bucket after the
             # single-token one keeps the split sized for one token that it had before there was
