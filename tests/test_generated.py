@@ -25,6 +25,8 @@ CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"
 
 
 INCLUDE = GENERATED / "cuda" / "include"      # the examples' one copy of the device headers
+# the top-k sum kernels: every slot routed (the router's ids), and checked (the caller's ids)
+AGGREGATES = {"moe_aggregate", "moe_aggregate_checked"}
 
 
 @pytest.mark.skipif(cpp_format.executable() is None,
@@ -145,7 +147,7 @@ def test_the_k_split_gemms_follow_with_pdl():
         # and the top-k sum, after the down GEMM at every T)
         routed = {down["variants"][0]["route_kernel"]}
         assert {k["name"] for k in plan["kernels"] if "launch" in k} == \
-            follows | waits | routed | {"moe_aggregate"}
+            follows | waits | routed | AGGREGATES
         for v in up["variants"] + down["variants"]:
             body = kernel_body(source, v["kernel"])
             if v["tall"]:               # the tall tile launches plainly
@@ -384,7 +386,7 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
     follows = {k["name"] for k in plan["kernels"] if "launch" in k}
-    assert "moe_aggregate" in follows
+    assert AGGREGATES <= follows
     k_split = {v["kernel"] for g in plan["gemms"] for v in g["variants"] if v["col_tiles"] == 1}
     gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
     routing = {plan["gemms"][0]["variants"][0]["route_kernel"]}
@@ -402,10 +404,10 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
                 continue
             assert ("griddepcontrol.launch_dependents" in body) == (name in releases), name
             assert ("griddepcontrol.wait" in body) == (name in follows), name
-            if name in follows and (name in gate_up or name == "moe_aggregate"):
+            if name in follows and (name in gate_up or name in AGGREGATES):
                 before = body[:body.index("griddepcontrol.wait")]
                 assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
-                assert (name == "moe_aggregate"
+                assert (name in AGGREGATES
                         or body.index("griddepcontrol.launch_dependents") > len(before)), name
             elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
@@ -466,7 +468,7 @@ def test_fused_topk_sum_plan():
     files = emit(spec, "cuda", FUSED_SUM)
     plan = json.loads(files["mixtral-8x7b.launch.json"])
     source = files["mixtral-8x7b.cu"]
-    assert "moe_aggregate" not in [k["name"] for k in plan["kernels"]]
+    assert not AGGREGATES & {k["name"] for k in plan["kernels"]}
     up, down = plan["gemms"]
     assert (up["epilogue"], up["sum_topk"], down["epilogue"], down["sum_topk"]) == (1, 0, 2, 2)
     state = plan["state"]

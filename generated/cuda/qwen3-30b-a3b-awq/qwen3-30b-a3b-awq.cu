@@ -563,18 +563,30 @@ extern "C" __global__ void moe_swiglu(const act_t* __restrict__ gate_up, int num
 }
 
 // Sum over the top-k slots of each token, in k order: out[t] = sum_k down[t * TOPK + k], the
-// slots routed outside [0, E) left out (routed_ids: the caller's ids; nullptr: all routed).
-extern "C" __global__ void moe_aggregate(const act_t* __restrict__ down, int num_tokens,
-                                         act_t* __restrict__ out,
-                                         const int* __restrict__ routed_ids) {
-  // launched with programmatic dependent launch after the down GEMM (sm_90 and later): its
-  // launch overlaps that kernel, and it reads the down rows only once that kernel has finished
+// slots routed outside [0, E) left out (routed.ids: the caller's ids; nullptr: all routed).
+// Launched with programmatic dependent launch after the down GEMM (sm_90 and later): its launch
+// overlaps that kernel, and it reads the down rows only once that kernel has finished.
+__device__ __forceinline__ void aggregate_topk(const act_t* __restrict__ down, int num_tokens,
+                                               act_t* __restrict__ out, moegen::Routed routed) {
   moegen::wait_for_previous_kernel();
   constexpr int H = 2048;
   const size_t n = (size_t)num_tokens * (H / 8);
   for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;
        x += (size_t)gridDim.x * blockDim.x) {
-    moegen::topk_sum_chunk<TOPK, H, false>(down, x / (H / 8), x % (H / 8) * 8, out,
-                                           moegen::Routed{routed_ids, E});
+    moegen::topk_sum_chunk<TOPK, H, false>(down, x / (H / 8), x % (H / 8) * 8, out, routed);
   }
+}
+
+// Two kernels, so that the common call (the router's ids, every slot routed) runs a kernel with
+// no check compiled in: the small T = 1 sum is sensitive even to the size of its code.
+extern "C" __global__ void moe_aggregate(const act_t* __restrict__ down, int num_tokens,
+                                         act_t* __restrict__ out) {
+  aggregate_topk(down, num_tokens, out, moegen::Routed{nullptr, E});
+}
+
+// the caller's ids, some of which may lie outside [0, E) (experts of other ranks)
+extern "C" __global__ void moe_aggregate_checked(const act_t* __restrict__ down, int num_tokens,
+                                                 act_t* __restrict__ out,
+                                                 const int* __restrict__ routed_ids) {
+  aggregate_topk(down, num_tokens, out, moegen::Routed{routed_ids, E});
 }

@@ -330,9 +330,12 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
               if one_launch else []),
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),
-            *([] if summed else [{"name": "moe_aggregate", "grid": ["ceil(T*H/8 / 256)", 1, 1],
-                                  "block": 256,
-                                  "launch": "programmatic dependent (sm_90 and later)"}]),
+            *([] if summed else [
+                {"name": name, "grid": ["ceil(T*H/8 / 256)", 1, 1], "block": 256, "when": when,
+                 "launch": "programmatic dependent (sm_90 and later)"}
+                for name, when in (("moe_aggregate", "the router's ids (every slot routed)"),
+                                   ("moe_aggregate_checked",
+                                    "the caller's ids: slots outside [0, E) left out"))]),
             *([{"name": name, "grid": [f"ceil(T*K*{what} / 256)", 1, 1], "block": 256,
                 "when": f"act-order: before the {gemm} GEMM"}
                for name, what, gemm in (("moe_permute_x", "H", "gate/up"),

@@ -348,11 +348,15 @@ class MoeW4A16:
             src = dst
         if not self.gemms[-1]["sum_topk"]:      # else the down GEMM summed into y
             n8 = t * m.hidden_size // 8
-            grid, args = (min(-(-n8 // 256), 65535),), (src, np.int32(t), y, routed_ids)
-            if self.pdl and self.aggregate_follows:
-                launch_after_previous(self.kernels["moe_aggregate"], grid, 256, args, stream)
+            grid, args = (min(-(-n8 // 256), 65535),), (src, np.int32(t), y)
+            if routed_ids is NULL:      # every slot routed: the kernel with no check
+                kernel = self.kernels["moe_aggregate"]
             else:
-                self.kernels["moe_aggregate"](grid, (256,), args)
+                kernel, args = self.kernels["moe_aggregate_checked"], (*args, routed_ids)
+            if self.pdl and self.aggregate_follows:
+                launch_after_previous(kernel, grid, 256, args, stream)
+            else:
+                kernel(grid, (256,), args)
 
     def _launch_one_token(self, cp, ws, xa, y, logits, weights: PackedMoeWeights) -> None:
         """T = 1 with router logits: the whole layer in the one-launch kernel (moe_one_token)."""
