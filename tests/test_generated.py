@@ -359,6 +359,24 @@ def ptx_entries(ptx: str) -> dict[str, str]:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_only_the_checked_top_k_sum_reads_ids(tmp_path):
+    """moe_aggregate (the layer's own routing) takes no ids and reads only the down rows, one
+    128-bit load per slot of a chunk (Qwen3: top-8); moe_aggregate_checked takes the caller's
+    ids as a fourth argument and reads them."""
+    entries = ptx_entries(example_ptx(tmp_path, "qwen3-30b-a3b"))
+    plain, checked = entries["moe_aggregate"], entries["moe_aggregate_checked"]
+
+    def params(body):
+        return body[:body.index(")")].count(".param")
+
+    def loads(body):
+        return re.findall(r"ld\.global[\w.]*", body)
+    assert (params(plain), params(checked)) == (3, 4)
+    assert loads(plain) == ["ld.global.nc.v4.u32"] * 8
+    assert "ld.global.nc.u32" in loads(checked)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("example, least", [("msd-seed", 2), ("mixtral-8x7b", 4)])
 def test_split_counts_are_one_acquire_release_atomic(tmp_path, example, least):
     """Where the CTAs of a split count their arrivals (the MSD matmul's split, the K-split
