@@ -25,7 +25,7 @@ CUDA_EXAMPLES = ["moe-seed", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite"
 
 
 INCLUDE = GENERATED / "cuda" / "include"      # the examples' one copy of the device headers
-# the top-k sum kernels: every slot routed (the router's ids), and checked (the caller's ids)
+# the top-k sum kernels: every slot routed (the layer's own routing), and checked (the caller's ids)
 AGGREGATES = {"moe_aggregate", "moe_aggregate_checked"}
 
 

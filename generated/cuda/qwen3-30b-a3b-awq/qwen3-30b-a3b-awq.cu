@@ -577,8 +577,8 @@ __device__ __forceinline__ void aggregate_topk(const act_t* __restrict__ down, i
   }
 }
 
-// Two kernels, so that the common call (the router's ids, every slot routed) runs a kernel with
-// no check compiled in: the small T = 1 sum is sensitive even to the size of its code.
+// Two kernels, so that the common call (the layer's own routing, every slot routed) reads no ids
+// and its loads carry no check: with none compiled in, the kernel is the plain sum.
 extern "C" __global__ void moe_aggregate(const act_t* __restrict__ down, int num_tokens,
                                          act_t* __restrict__ out) {
   aggregate_topk(down, num_tokens, out, moegen::Routed{nullptr, E});

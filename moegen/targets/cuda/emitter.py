@@ -333,7 +333,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
             *([] if summed else [
                 {"name": name, "grid": ["ceil(T*H/8 / 256)", 1, 1], "block": 256, "when": when,
                  "launch": "programmatic dependent (sm_90 and later)"}
-                for name, when in (("moe_aggregate", "the router's ids (every slot routed)"),
+                for name, when in (("moe_aggregate", "the layer's own routing (every slot routed)"),
                                    ("moe_aggregate_checked",
                                     "the caller's ids: slots outside [0, E) left out"))]),
             *([{"name": name, "grid": [f"ceil(T*K*{what} / 256)", 1, 1], "block": 256,

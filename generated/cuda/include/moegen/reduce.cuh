@@ -77,7 +77,9 @@ __device__ __forceinline__ void sum_rows(const act_t* __restrict__ rows, size_t 
 // The top-k sum of a token's rows (sum_rows): of moe_aggregate and of the topk_sum epilogue, so
 // the two agree bit for bit. A slot that `routed` skips (no GEMM wrote its row) adds nothing and
 // is not read. FROM_L2: read through L2 only (__ldcg), for rows that other CTAs of the same
-// kernel wrote. Every check is read before the first row, so the row loads can go out together.
+// kernel wrote. Without ids (a null pointer, at run time in the topk_sum epilogue) the loads
+// carry no check; with them every check is read before the first row, so the row loads can go
+// out together.
 template <int TOPK, int NOUT, bool FROM_L2>
 __device__ __forceinline__ void topk_sum_chunk(const act_t* __restrict__ rows, size_t t, size_t col,
                                                act_t* __restrict__ sum_out, Routed routed) {
