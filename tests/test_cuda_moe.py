@@ -66,6 +66,9 @@ def captured_call(rng, layer, packed, t):
     x = cp.asarray(rng.standard_normal((t, m.hidden_size)).astype(np.float16))
     logits = cp.asarray(rng.standard_normal((t, m.num_experts)).astype(np.float32))
     stream = cp.cuda.Stream(non_blocking=True)
+    # (x, logits and the packed weights were made on the default stream, which a non-blocking
+    # stream does not wait for)
+    cp.cuda.Stream.null.synchronize()
     with stream:
         layer(x, logits, packed)           # warm up (module load) outside the capture
         stream.synchronize()
