@@ -223,7 +223,7 @@ def default_config(spec: Spec, tokens: int, arch: str | None = None) -> MoeConfi
                      t.block_k, GEMM_TILE["warps"] if wide else t.warps, t.col_tiles,
                      t.warp_rows if wide else MoeConfig.warp_rows,
                      int(t.wgmma) if wide else MoeConfig.wgmma,
-                     int(wide and (t.ctas_per_sm > 0 or d.ctas_per_sm > 0)))
+                     int(wide and (t.split_k > 1 or d.split_k > 1)))
 
 
 _BUILT: dict = {}        # built_tiles' plans of this process, by spec, tokens, pipeline, arch

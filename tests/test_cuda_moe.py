@@ -229,10 +229,12 @@ def test_decode_wide_cta_split_over_k(rng, h, i, tile):
     layer = layer_for(moe_spec(h, i, 8, 2, tokens_max=64), pipeline=WIDE % tile)
     last = [g["variants"][-1] for g in layer.plan["gemms"]]
     cols = 8 if "wide-cols=8" in tile else 4
-    # registers capped for 16 warps an SM where split (a GEMM left whole: the prefill kernel)
+    # registers capped for 16 warps an SM where split, and on warpgroup MMA also where whole
+    # (a GEMM left whole on mma.sync: the prefill kernel, uncapped)
     assert [(v["max_tokens"], v["block"], v["col_tiles"], v["wgmma"]) for v in last] == \
         [(64, 32, cols, "wgmma=0" not in tile)] * 2
-    assert all(v["ctas_per_sm"] == (16 // cols if v["split"] > 1 else 0) for v in last)
+    assert all(v["ctas_per_sm"] == (16 // cols if v["split"] > 1 or v["wgmma"] else 0)
+               for v in last)
     assert max(v["split"] for v in last) > 1
     assert_matches_reference(rng, layer, (53, 57, 64))
     m = layer.spec.moe
@@ -355,13 +357,14 @@ def test_prefill_wide_cta(rng, h, i, e, k, tile, wgmma):
     # decode buckets: the K-split CTA, but where an average expert passes 13 slots (T > 13 E / k,
     # so 8 experts of top-2 from T = 53; not with moe-block) the wide CTA of block 32 split
     # over K in the tile's column tiles, run at T = 60, its registers capped for 16 warps an SM
-    # where split (whole: the prefill kernel, uncapped)
+    # where split or on warpgroup MMA (whole on mma.sync: the prefill kernel, uncapped)
     wide_decode = 13 * e // k < 64 and "moe-block" not in tile and "wide-cols=0" not in tile
     for v in up:
         if v["max_tokens"] <= 64:
             decode_wide = v["max_tokens"] == 64 and wide_decode
             assert (v["col_tiles"] > 1, v["ctas_per_sm"]) == (
-                decode_wide, 16 // v["warps"] if decode_wide and v["split"] > 1 else 0), v
+                decode_wide, 16 // v["warps"] if decode_wide and (v["split"] > 1 or v["wgmma"])
+                else 0), v
     assert_matches_reference(rng, layer, (60, 65, 222, 1024, 2048) if wide_decode else
                              (65, 222, 1024, 2048))
 

@@ -94,16 +94,14 @@ def test_launch_plan():
             "grouped_gemm_wide<")
         assert [wide[k] for k in ("BLOCK", "WARP_ROWS", "COLT", "DYNAMIC_SHARED")] == [
             "128", "32", "4", "true"]
-    # T = 53..64: the wide CTA split over K, its registers capped for 4 CTAs an SM (gate/up,
-    # whole, is the prefill kernel: uncapped); the partials hold every split of every tile of
-    # the largest call
+    # T = 53..64: the wide warpgroup-MMA CTA, its registers capped for 4 CTAs an SM: down
+    # split over K, gate/up whole (its K loop unrolled over a ring turn); the partials hold
+    # every split of every tile of the largest call
     for g in plan["gemms"]:
         v = g["variants"][3]
-        capped = 4 if v["split"] > 1 else 0
-        assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, capped)
-        assert (g["name"] == "down") == bool(capped)
-        bounds = r"__launch_bounds__\(128, 4\)" if capped else r"__launch_bounds__\(128\)"
-        assert re.search(bounds + r"\s+" + v["kernel"] + r"\(", source)
+        assert (v["col_tiles"], v["wgmma"], v["ctas_per_sm"]) == (4, True, 4)
+        assert (g["name"] == "down") == (v["split"] > 1)
+        assert re.search(r"__launch_bounds__\(128, 4\)\s+" + v["kernel"] + r"\(", source)
         if v["split"] > 1:
             blocks = -(-64 * 2 // 32) + 8
             assert ws["partials"]["bytes"] >= blocks * g["ntiles"] * 64 * 32 * 4 * v["split"]
@@ -137,7 +135,8 @@ def test_the_k_split_gemms_follow_with_pdl():
                 assert v.get("follows_from") == want, v["kernel"]
                 if want is not None:
                     marked.add(v["kernel"])
-        wide_decode = {v["kernel"] for v in down["variants"] if v["ctas_per_sm"]}
+        wide_decode = {v["kernel"] for v in down["variants"]
+                       if v["ctas_per_sm"] and v["split"] > 1}
         assert (len(wide_decode) == 1) == single     # Mixtral's wide decode bucket
         assert follows and waits and not (follows & waits)
         late = {v["kernel"] for v in up["variants"] if v["release_after_loop"]}

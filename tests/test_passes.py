@@ -513,11 +513,11 @@ def test_split_k_divides_k_and_fills_the_gpu():
     # the T = 17..64 bucket its tiles fill the GPU, but K = 14336 (896 k16 steps) splits until a
     # CTA takes at most DECODE_CTA_STEPS (256): 4 ways; gate/up's K (256 steps) stays whole.
     # Above T = 52 (13 slots an average expert) the wide CTA of block 32 takes decode calls:
-    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole (the prefill kernel, its
-    # registers not capped), down's 8 x 16 split 4 ways, capped for 4 CTAs an SM, its grid
-    # split 8 for calls whose blocks fill less of the SMs (split_many 4: call_split). So does
-    # the prefill bucket up to T = 159, whose largest call's 10 blocks x 16 down tiles still
-    # leave the SMs short (its gate/up fills them whole: not split, not capped).
+    # gate/up's 8 experts x 112 CTA tiles fill 4 CTAs an SM whole (not split), down's 8 x 16
+    # split 4 ways, its grid split 8 for calls whose blocks fill less of the SMs (split_many 4:
+    # call_split). So does the prefill bucket up to T = 159, whose largest call's 10 blocks x 16
+    # down tiles still leave the SMs short (its gate/up fills them whole: not split). On
+    # warpgroup MMA every wide CTA, split or whole, has its registers capped for 4 CTAs an SM.
     # From T = 160 (40 slots an average expert, of 8 experts) the tall tile of block 128 (16
     # warps).
     assert gemms[0].attrs["block_buckets"] == [[1, 8], [16, 8], [52, 16], [64, 32], [159, 32],
@@ -527,11 +527,11 @@ def test_split_k_divides_k_and_fills_the_gpu():
     assert gemms[1].attrs["tile"]["split_k"] == [8, 4, 4, 8, 8, 1]
     assert gemms[0].attrs["tile"]["warps"] == gemms[1].attrs["tile"]["warps"] == [2, 4, 4, 4, 4,
                                                                                   16]
-    for op, capped in zip(gemms, (0, 4)):
+    for op in gemms:
         tile = op.attrs["tile"]
         assert tile["col_tiles"] == [1, 1, 1, 4, 4, 4] and tile["wgmma"] == [False] * 3 + [True] * 3
         assert tile["stages"][3:] == [4, 4, 4]
-        assert tile["ctas_per_sm"] == [0, 0, 0, capped, capped, 0]
+        assert tile["ctas_per_sm"] == [0, 0, 0, 4, 4, 0]
         assert tile["tall"] == [False] * 5 + [True] and tile["block_k"][-1] == 128
     # Qwen3 (8 x 32 tiles) and DeepSeek (6 x 32) have no single-token bucket
     for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
@@ -649,12 +649,11 @@ def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
             grid = 8 * n // 64 // cols             # CTAs per K range, every expert routed
             split = tile["split_many"][3]
             # doubled while the CTAs fit, or 1 where one split fills the SMs already; a split
-            # above 1 doubled again in the grid, for calls of fewer blocks (call_split), and
-            # the registers capped for those CTAs an SM (1: the prefill kernel, uncapped)
+            # above 1 doubled again in the grid, for calls of fewer blocks (call_split); the
+            # registers capped for those CTAs an SM (on warpgroup MMA also where K is whole)
             assert grid * split <= max(grid, ctas * 132) < grid * split * 2
             assert tile["split_k"][3] == (2 * split if split > 1 else 1)
-            assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (
-                cols, ctas if split > 1 else 0)
+            assert (tile["col_tiles"][3], tile["ctas_per_sm"][3]) == (cols, ctas)
         assert down["split_many"][3] == down_split
 
 
@@ -709,7 +708,7 @@ def test_prefill_split_options():
                  t["ctas_per_sm"][i])
                 for g in gemms for t in [g.attrs["tile"]]
                 for i, (edge, block) in enumerate(buckets) if edge > 64]
-    assert prefill("prefill-split-k-down=4") == [(8192, 32, 4, 1, 1, 0), (8192, 32, 4, 4, 4, 4)]
+    assert prefill("prefill-split-k-down=4") == [(8192, 32, 4, 1, 1, 4), (8192, 32, 4, 4, 4, 4)]
     assert prefill("prefill-split-k=2") == [(8192, 32, 4, 2, 2, 4), (8192, 32, 4, 2, 2, 4)]
     assert prefill("prefill-split-k=2,prefill-split-k-down=8") == [
         (8192, 32, 4, 2, 2, 4), (8192, 32, 4, 8, 8, 4)]
@@ -801,7 +800,7 @@ def test_tuning_entry_puts_the_wide_cta_in_a_decode_bucket():
     for tile, split in ((up, 2), (down, 8)):
         assert (tile["col_tiles"][2], tile["split_k"][2], tile["ctas_per_sm"][2],
                 tile["wgmma"][2], tile["stages"][2]) == (4, split, 4, True, 4)
-        assert tile["ctas_per_sm"][3] == 0 and tile["split_k"][3] == 1
+        assert tile["ctas_per_sm"][3] == 4 and tile["split_k"][3] == 1   # (warpgroup MMA)
     # two warpgroups a CTA (8 column tiles): capped for 2 CTAs an SM, the same 16 warps
     module = lower(mixtral, "cuda", tuning=_Entries(
         head + [[64, 32, 2, 4, 8, 32, 8, 8, 32, 1], prefill]))[0]

@@ -409,16 +409,20 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 // gate_up: K = 2048, 24 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages of
 // 32 k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on
 // mma.sync
-extern "C" __global__ void __launch_bounds__(128)
-    moe_gemm_gate_up_b32_c4_r32_p4_k32_wg(const act_t* a, const uint4* w, const uint4* scales,
-                                          const uint4* zeros, const int* sorted_ids,
-                                          const int* expert_ids, const int* total,
-                                          const float* weights_flat, int num_slots, act_t* out,
-                                          float* partials, int* counters) {
+// (registers capped for 4 CTAs an SM: the whole-K warpgroup MMA CTA unrolls its K loop over a turn
+// of the ring, which uncapped would take more registers; on warpgroup MMA its copy addresses are
+// pinned in registers)
+extern "C" __global__ void __launch_bounds__(128, 4)
+    moe_gemm_gate_up_b32_c4_r32_p4_k32_wg_o4(const act_t* a, const uint4* w, const uint4* scales,
+                                             const uint4* zeros, const int* sorted_ids,
+                                             const int* expert_ids, const int* total,
+                                             const float* weights_flat, int num_slots, act_t* out,
+                                             float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma<
       /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/24, /*NOUT=*/768, /*G=*/128, /*STAGES=*/4,
-      /*KS=*/2, /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false>(
+      /*KS=*/2, /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false,
+      /*SUM_TOPK=*/0, /*SPLIT=*/1, /*PIN_ADDRESSES=*/true>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/24, /*NOUT=*/768,
@@ -492,16 +496,20 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 // down: K = 768, 32 tiles of 64 columns, block 32; wide CTA of 4 column tiles, 4 ring stages of 32
 // k: warpgroup MMA (1 warpgroup) where compiled for sm_90a, else one warp per column tile on
 // mma.sync
-extern "C" __global__ void __launch_bounds__(128)
-    moe_gemm_down_b32_c4_r32_p4_k32_wg(const act_t* a, const uint4* w, const uint4* scales,
-                                       const uint4* zeros, const int* sorted_ids,
-                                       const int* expert_ids, const int* total,
-                                       const float* weights_flat, int num_slots, act_t* out,
-                                       float* partials, int* counters) {
+// (registers capped for 4 CTAs an SM: the whole-K warpgroup MMA CTA unrolls its K loop over a turn
+// of the ring, which uncapped would take more registers; on warpgroup MMA its copy addresses are
+// pinned in registers)
+extern "C" __global__ void __launch_bounds__(128, 4)
+    moe_gemm_down_b32_c4_r32_p4_k32_wg_o4(const act_t* a, const uint4* w, const uint4* scales,
+                                          const uint4* zeros, const int* sorted_ids,
+                                          const int* expert_ids, const int* total,
+                                          const float* weights_flat, int num_slots, act_t* out,
+                                          float* partials, int* counters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma<
       /*BLOCK=*/32, /*COLT=*/4, /*KDIM=*/768, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*STAGES=*/4,
-      /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true>(
+      /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true,
+      /*SUM_TOPK=*/0, /*SPLIT=*/1, /*PIN_ADDRESSES=*/true>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/768, /*NTILES=*/32, /*NOUT=*/2048,
