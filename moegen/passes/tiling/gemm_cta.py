@@ -164,11 +164,6 @@ class GemmTiling:
             if (not wide or wide_decode) and not split and cta["split_k"] > 1 and (
                     k_dim // group) % (2 * cta["split_k"]) == 0:
                 cta["split_k"] *= 2
-            # a GEMM the split leaves whole is the prefill kernel, on mma.sync without the
-            # register cap (measured on the H200, Mixtral T = 53..64 with gate/up so: the layer
-            # 2.4% faster, docs/DESIGN.md; on warpgroup MMA of block 32 capped, below)
-            if cta["split_k"] == 1:
-                ctas = 0
         elif prefill and cta["split_k"] == 1:
             cols = wide_col_tiles(ntiles, block, cols)
         else:
@@ -181,17 +176,19 @@ class GemmTiling:
                                 f"{group}, is not a whole number of {bk}-deep stages")
         stages = wide_stages(block, cols, self.option("stages") or (
             b.config.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
-        # the warpgroup MMA kernel where the tile allows; over the whole K with block 32 its
-        # registers are capped as a split one's (it unrolls its K loop over a turn of the ring;
-        # block 64's accumulators do not fit the cap)
+        # the warpgroup MMA kernel where the tile allows
         wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"])) and wgmma_fits(
             cols, rows, block, bk, stages)
-        whole_capped = wg and cta["split_k"] == 1 and block == min(WIDE_BLOCKS)
-        if whole_capped:
-            ctas = wide_decode_ctas(cols * block // rows)
+        # registers capped for 16 warps an SM where split over K, and on warpgroup MMA of
+        # block 32 over the whole K too (whose kernel then unrolls its K loop over a turn of
+        # the ring; block 64's accumulators do not fit the cap). Left whole on mma.sync it is
+        # the prefill kernel, uncapped (measured on the H200, Mixtral T = 53..64 with gate/up
+        # so: the layer 2.4% faster, docs/DESIGN.md).
+        capped = cta["split_k"] > 1 or wg and block == min(WIDE_BLOCKS)
         return {**cta, "col_tiles": cols, "warp_rows": rows, "block_k": bk,
                 "warps": cols * block // rows, "stages": stages,
-                "ctas_per_sm": ctas if split_wide or whole_capped else 0, "wgmma": wg}
+                "ctas_per_sm": wide_decode_ctas(cols * block // rows) if capped else 0,
+                "wgmma": wg}
 
     def _wide_decode_split(self, spec, k_dim: int, tiles: int, fixed: int | None, ctas: int,
                            short_k: bool = True) -> int:

@@ -342,9 +342,10 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   };
 
   prime_ring<AHEAD, false>(cta_iters, issue_weights, issue_rows);
-  // a CTA over the whole K unrolls its loop over a turn of the ring: every stage offset (and,
+  // a CTA over the whole K with its registers capped (the plan caps block 32's, whose copy
+  // addresses it pins) unrolls its loop over a turn of the ring: every stage offset (and,
   // where a turn holds whole scale groups, every group start) is a constant
-  constexpr int UNROLL = SPLIT == 1 ? STAGES : 1;
+  constexpr int UNROLL = SPLIT == 1 && PIN_ADDRESSES ? STAGES : 1;
 #pragma unroll UNROLL
   for (int i = 0; i < cta_iters; ++i) {
     wgmma_wait<1>();             // step i KS - 2 is done: its A set and stage free
