@@ -128,9 +128,9 @@ def test_skipped_ids_are_clean_under_memcheck(tmp_path):
     script = tmp_path / "skipped.py"
     script.write_text(textwrap.dedent(f"""
         import sys
+        sys.path[:0] = [{str(Path(__file__).parents[1])!r}, {str(Path(__file__).parent)!r}]
         import numpy as np, cupy as cp, moegen
         from moegen import reference as R
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
         from gpu_cases import layer_for, moe_spec
         from test_cuda_quant_forms import skipped_routing
         rng = np.random.default_rng(1)
