@@ -139,7 +139,6 @@ class GemmTiling:
             wide and (cta["split_k"] > 1 or not prefill or wide_decode)
             or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill
                               or prefill and cta["split_k"] > 1))
-        ctas = 0
         if split_wide:
             if wide and (block not in WIDE_BLOCKS or ntiles % cols
                          or not wide_epilogue_fits(cols, block)):
