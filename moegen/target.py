@@ -22,7 +22,7 @@ class GpuTarget:
     name: str                 # the reference part the SM count is of
     sms: int                  # streaming multiprocessors
     shared_per_sm: int        # bytes of shared memory an SM can give its CTAs
-    shared_per_cta: int       # bytes a CTA may opt in to (dynamic shared memory)
+    shared_per_cta: int       # bytes a CTA may opt in to (its static and dynamic together)
     static_shared: int = 48 * KB       # bytes a CTA may declare without opting in
     cta_reserved_shared: int = 1 * KB  # bytes each resident CTA takes besides its own
     registers_per_sm: int = 65536      # 32-bit registers

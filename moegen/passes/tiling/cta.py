@@ -78,7 +78,8 @@ def tall_stages(most: int, block_k: int, gpu: GpuTarget, zeros: bool = False) ->
     """Ring stages of the tall tile asked for at most `most`: 3 at least, fewer than `most`
     where the dynamic shared memory would not hold them."""
     stages = max(3, most)
-    while stages > 3 and tall_shared_bytes(TALL_BLOCK, stages, block_k, zeros) > gpu.shared_per_cta:
+    while stages > 3 and (tall_shared_bytes(TALL_BLOCK, stages, block_k, zeros)
+                          + tall_static_bytes(TALL_BLOCK, stages)) > gpu.shared_per_cta:
         stages -= 1
     return stages
 
@@ -161,6 +162,12 @@ def wgmma_fits(col_tiles: int, warp_rows: int, block: int, block_k: int, stages:
     besides the two in flight."""
     return (col_tiles in WGMMA_TILE["col_tiles"] and warp_rows == block and block_k % 32 == 0
             and stages >= 3)
+
+
+def tall_static_bytes(block: int, stages: int) -> int:
+    """Static shared memory of the tall tile beside its dynamic ring: two mbarriers a stage and
+    the block's slot ids and router weights, staged for the epilogue."""
+    return stages * 2 * 8 + block * (4 + 4)
 
 
 def tall_wide_block_k(block_k: int) -> int:

@@ -445,8 +445,18 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   unsigned char* smem = dynamic_shared;
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)
-  if (blk * BLOCK >= *total_ptr) return;
+  // The call's padded total, the block's expert and its rows' slot ids (and MUL_WEIGHTS: router
+  // weights) are read together, before the test that ends the CTAs past the call's blocks: one
+  // global-memory latency at the CTA's start, not two. (The grid and the buffers are sized for
+  // the largest call's blocks, so the reads stay inside the buffers.)
+  const int total = *total_ptr;
   const int expert = expert_ids[blk];
+  const int slot_here = threadIdx.x < BLOCK ? sorted_ids[blk * BLOCK + threadIdx.x] : num_slots;
+  const float weight_here =
+      MUL_WEIGHTS && threadIdx.x < BLOCK ? weights_flat[blk * BLOCK + threadIdx.x] : 1.0f;
+  // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
+  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk, num_slots);
+  if (blk * BLOCK >= total) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, subtile = warp % 4;  // column tile wg of the CTA's, warp subtile of it
   // The 16-column subtile whose packed words this lane dequantizes: warp `subtile`'s own, turned
@@ -456,8 +466,6 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   // lane / 4 (+ 8) of the tile, and so are the lane's accumulator rows.
   const int src = (subtile + lane / 8) % 4;
 
-  // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
-  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk, num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
   const uint4* s_cta = scales + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
   const uint4* z_cta = zeros + ((size_t)expert * GROUPS * NTILES + col_tile * COLT) * 8;
@@ -489,10 +497,17 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     mbar_init(&full[threadIdx.x], THREADS);
     mbar_init(&empty[threadIdx.x], THREADS);
   }
+  // The block's slot ids and router weights, staged for the epilogue (read there from global
+  // memory a row at a time, they held 7% of the down GEMM's stall samples at Qwen3 T = 2048)
+  __shared__ int row_slot[BLOCK];
+  __shared__ float row_weight[MUL_WEIGHTS ? BLOCK : 1];
+  if (threadIdx.x < BLOCK) {
+    row_slot[threadIdx.x] = slot_here;
+    if constexpr (MUL_WEIGHTS) row_weight[threadIdx.x] = weight_here;
+  }
   // the block's rows that hold slots (its expert's come first, then padding): the wgmmas
   // multiply only the 32-row groups that hold any (an expert's last block is mostly part full)
-  const int rows =
-      __syncthreads_count(threadIdx.x < BLOCK && sorted_ids[blk * BLOCK + threadIdx.x] < num_slots);
+  const int rows = __syncthreads_count(slot_here < num_slots);
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s)
     if (s < ITERS) {
@@ -586,23 +601,32 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   constexpr int OUT_CHUNKS = (EPILOGUE == 1 ? 32 : 64) / 8;  // 16-byte pieces of a tile's row
   for (int x = threadIdx.x; x < COLT * BLOCK * OUT_CHUNKS; x += THREADS) {
     const int ch = x % OUT_CHUNKS, r = x / OUT_CHUNKS % BLOCK, t = x / (OUT_CHUNKS * BLOCK);
-    const int slot = sorted_ids[blk * BLOCK + r];
+    const int slot = row_slot[r];
     if (slot >= num_slots) continue;
     const int tile = col_tile * COLT + t;
-    const float* row = red + (t * BLOCK + r) * RED_ROW;
     const int col = wide_out_column<EPILOGUE, PERM_GATE_UP, NOUT>(tile, ch);
     if (col >= NOUT) continue;
-    const float weight = MUL_WEIGHTS ? weights_flat[blk * BLOCK + r] : 1.0f;
+    // the chunk's 8 fp32 values (and SwiGLU: the up values 32 columns on), 16 bytes a read
+    // (a staged row is RED_ROW x 4 = 272 bytes, so 8 ch words in is 16-byte aligned)
+    const float4* row = reinterpret_cast<const float4*>(red + (t * BLOCK + r) * RED_ROW + 8 * ch);
+    float v[8], up[8];
+    *reinterpret_cast<float4*>(&v[0]) = row[0];
+    *reinterpret_cast<float4*>(&v[4]) = row[1];
+    if constexpr (EPILOGUE == 1) {
+      *reinterpret_cast<float4*>(&up[0]) = row[8];
+      *reinterpret_cast<float4*>(&up[4]) = row[9];
+    }
+    const float weight = MUL_WEIGHTS ? row_weight[r] : 1.0f;
     uint4 packed;
     act_t* h = reinterpret_cast<act_t*>(&packed);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       if constexpr (EPILOGUE == 1)  // SwiGLU: columns 0..31 gate, 32..63 up
-        h[j] = act_from_float(silu(row[8 * ch + j]) * row[8 * ch + j + 32]);
+        h[j] = act_from_float(silu(v[j]) * up[j]);
       else if constexpr (MUL_WEIGHTS)
-        h[j] = act_from_float(row[8 * ch + j] * weight);
+        h[j] = act_from_float(v[j] * weight);
       else
-        h[j] = act_from_float(row[8 * ch + j]);
+        h[j] = act_from_float(v[j]);
     }
     *reinterpret_cast<uint4*>(out + (size_t)slot * NOUT + col) = packed;
   }
