@@ -381,8 +381,9 @@ def test_tall_tile_in_large_prefill_buckets():
     # the default: the tall tile's ring of 128 k a stage (the wide CTA in its place where the
     # GPU has no warpgroup MMA takes 64 k a stage, rows padded by 16 bytes)
     assert tall_shared_bytes(128, 4, 128) == 4 * (4 * (8 * 512 + 128) + 128 * 8 * 32)
-    # with 64 k a stage the fp32 outputs of 4 column tiles x 128 rows (rows padded by 4 words)
-    assert tall_shared_bytes(128, 4, 64) == 4 * 128 * 68 * 4
+    # with 64 k a stage the fp32 outputs of 4 column tiles x 128 rows (rows and tiles padded by
+    # 4 words)
+    assert tall_shared_bytes(128, 4, 64) == 4 * (128 * 68 + 4) * 4
     for opts in ("tall=0", "block-k=32", "wide-cols=4", "warp-rows=32", "wgmma=0"):
         for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc"):
             assert not any(t["tall"]) and t["col_tiles"][-1] in (1, 4), opts
