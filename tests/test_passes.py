@@ -387,6 +387,14 @@ def test_tall_tile_in_large_prefill_buckets():
     for opts in ("tall=0", "block-k=32", "wide-cols=4", "warp-rows=32", "wgmma=0"):
         for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{{opts}}},alloc"):
             assert not any(t["tall"]) and t["col_tiles"][-1] in (1, 4), opts
+    # the ring and the static shared memory beside it (mbarriers, the block's slot ids and
+    # weights) together within the CTA's limit
+    from moegen.passes.tiling.cta import tall_stages, tall_static_bytes
+    from moegen.target import gpu_target
+    ring4 = tall_shared_bytes(128, 4, 128)
+    for limit, got in ((ring4, 3), (ring4 + tall_static_bytes(128, 4), 4)):
+        gpu = dataclasses.replace(gpu_target("sm_90a"), shared_per_cta=limit)
+        assert tall_stages(4, 128, gpu) == got
     # stages=N is the most a ring gets: 5 stages of 128 k would pass 227 KB
     for most, got in ((8, 4), (5, 4), (3, 3), (2, 3)):
         for t in gemm_tiles(MOE, f"fuse-align,fuse-swiglu,tile{{stages={most}}},alloc"):

@@ -76,7 +76,7 @@ def group_bytes(zeros: bool) -> int:
 
 def tall_stages(most: int, block_k: int, gpu: GpuTarget, zeros: bool = False) -> int:
     """Ring stages of the tall tile asked for at most `most`: 3 at least, fewer than `most`
-    where the dynamic shared memory would not hold them."""
+    where its dynamic shared memory and the static beside it would pass the CTA's limit."""
     stages = max(3, most)
     while stages > 3 and (tall_shared_bytes(TALL_BLOCK, stages, block_k, zeros)
                           + tall_static_bytes(TALL_BLOCK, stages)) > gpu.shared_per_cta:
