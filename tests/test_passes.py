@@ -379,8 +379,9 @@ def test_tall_tile_in_large_prefill_buckets():
         buckets = module.function().op("moe.align").attrs["block_buckets"]
         assert buckets[-2:] == [[edge - 1, 32], [8192, 128]], name
     # the default: the tall tile's ring of 128 k a stage (the wide CTA in its place where the
-    # GPU has no warpgroup MMA takes 64 k a stage, rows padded by 16 bytes)
-    assert tall_shared_bytes(128, 4, 128) == 4 * (4 * (8 * 512 + 128) + 128 * 8 * 32)
+    # GPU has no warpgroup MMA takes 64 k a stage, rows padded by 16 bytes; the tall ring's chunk
+    # columns are padded by 16 bytes)
+    assert tall_shared_bytes(128, 4, 128) == 4 * (4 * (8 * 512 + 128) + 2 * 8 * (128 + 1) * 16)
     # with 64 k a stage the fp32 outputs of 4 column tiles x 128 rows (rows and tiles padded by
     # 4 words)
     assert tall_shared_bytes(128, 4, 64) == 4 * (128 * 68 + 4) * 4

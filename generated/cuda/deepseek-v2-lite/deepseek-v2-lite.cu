@@ -433,7 +433,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // gate_up: K = 2048, 44 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup
-// each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled
+// each, 4 ring stages of 128 k, 199680 bytes of dynamic shared memory: warpgroup MMA where compiled
 // for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(512)
@@ -520,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // down: K = 1408, 32 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup each,
-// 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled for
+// 4 ring stages of 128 k, 199680 bytes of dynamic shared memory: warpgroup MMA where compiled for
 // sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on mma.sync
 extern "C" __global__ void __launch_bounds__(512)
     moe_gemm_down_b128_c4_tall_p4_k128(const act_t* a, const uint4* w, const uint4* scales,

@@ -468,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // gate_up: K = 4096, 448 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup
-// each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled
+// each, 4 ring stages of 128 k, 199680 bytes of dynamic shared memory: warpgroup MMA where compiled
 // for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(512)
@@ -589,7 +589,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // down: K = 14336, 64 tiles of 64 columns, block 128; tall tile of 4 column tiles, a warpgroup
-// each, 4 ring stages of 128 k, 198656 bytes of dynamic shared memory: warpgroup MMA where compiled
+// each, 4 ring stages of 128 k, 199680 bytes of dynamic shared memory: warpgroup MMA where compiled
 // for sm_90a, else the wide CTA of 16 warps (32 rows of a column tile each, 64 k a stage) on
 // mma.sync
 extern "C" __global__ void __launch_bounds__(512)

@@ -176,13 +176,19 @@ def tall_wide_block_k(block_k: int) -> int:
     return min(block_k, 64)
 
 
+def chunk_major_row_bytes(block: int, ks: int) -> int:
+    """A warpgroup-MMA ring stage's rows (ChunkMajorRows in the device header): 2 ks k8 chunk
+    columns of `block` rows and 16 bytes of padding each, in whole 128-byte lines."""
+    return align_up(2 * ks * (block + 1) * 16, 128)
+
+
 def tall_shared_bytes(block: int, stages: int, block_k: int, zeros: bool = False) -> int:
     """Dynamic shared memory of a tall-tile GEMM kernel: the larger of the tall tile's (its ring,
     or the block's fp32 outputs of 4 column tiles, rows and tiles padded by 4 words) and that of
     the wide CTA in its place where the GPU has no warpgroup MMA (its ring, or its warps' fp16
     output rows)."""
     ks, wide_ks, cols = block_k // 16, tall_wide_block_k(block_k) // 16, TALL_TILE["col_tiles"]
-    tall = max(stages * (cols * (ks * 512 + group_bytes(zeros)) + block * ks * 32),
+    tall = max(stages * (cols * (ks * 512 + group_bytes(zeros)) + chunk_major_row_bytes(block, ks)),
                cols * (block * (64 + 4) + 4) * 4)
     wide = max(stages * (cols * (wide_ks * 512 + group_bytes(zeros))
                          + block * (32 * wide_ks + RING_ROW_PAD)),

@@ -134,17 +134,20 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 
 // The block's activation rows as the warpgroup MMA's B operand: a stage's KS k16 steps of the
 // BLOCK rows, 2 KS chunks of 16 bytes a row, stored chunk-major (k8 chunk c of row r at
-// (c BLOCK + r) x 16 bytes: the B descriptor's layout without swizzle). The CTA's THREADS
-// threads copy chunk q THREADS + thread; a warp's 32 chunks are LANES_PER_ROW = 4 adjacent
-// chunks (64 bytes, whole sectors) of each of 8 rows (2 of 16 rows where a stage holds one k16
-// step). Its shared-memory writes then fall 4 to a bank, the fewest 512 bytes allow; a warp over
-// 2 rows of 16 chunks each would write 16 to a bank, as the chunk-major stride puts a row's
-// chunks on the same banks. Padding rows copy 0 bytes and zero-fill.
+// c COLUMN_BYTES + 16 r: the B descriptor's layout without swizzle, its leading byte offset
+// COLUMN_BYTES). The CTA's THREADS threads copy chunk q THREADS + thread; a warp's 32 chunks are
+// LANES_PER_ROW = 4 adjacent chunks (64 bytes, whole sectors) of each of 8 rows (2 of 16 rows
+// where a stage holds one k16 step). A chunk column is BLOCK rows and 16 bytes of padding long,
+// so that the adjacent chunks of a row, which arrive together, land on different banks.
+// Padding rows copy 0 bytes and zero-fill.
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
   static constexpr int COPIES = (A_CHUNKS + THREADS - 1) / THREADS;  // threads past A_CHUNKS idle
   static constexpr int LANES_PER_ROW = CHUNKS < 4 ? CHUNKS : 4, WARP_ROWS = 32 / LANES_PER_ROW;
+  // a k8 chunk column (the B descriptor's leading byte offset) and a stage's rows, in bytes
+  static constexpr int COLUMN_BYTES = (BLOCK + 1) * 16;
+  static constexpr int BYTES = (CHUNKS * COLUMN_BYTES + 127) / 128 * 128;
   static_assert(CHUNKS % LANES_PER_ROW == 0 && BLOCK % WARP_ROWS == 0,
                 "a warp's chunks: whole row pieces of whole row groups");
   const act_t* row[COPIES];
@@ -174,7 +177,7 @@ struct ChunkMajorRows {
   }
   // the chunk's offset in a stage's rows
   __device__ __forceinline__ static unsigned offset(int q) {
-    return 16 * (part_of(chunk(q)) * BLOCK + row_of(chunk(q)));
+    return part_of(chunk(q)) * COLUMN_BYTES + 16 * row_of(chunk(q));
   }
   // copy k16 steps step .. step + KS - 1 into a stage's rows at `dst`
   __device__ __forceinline__ void copy(unsigned char* dst, int step) const {
@@ -223,7 +226,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   constexpr int GROUP_ITERS = G / (16 * KS), CTA_ITERS = ITERS / SPLIT;
   static_assert(ITERS % SPLIT == 0 && CTA_ITERS % GROUP_ITERS == 0,
                 "K splits into whole scale groups");
-  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
+  using BlockRows = ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV>;
+  constexpr int COLUMN_BYTES = BlockRows::COLUMN_BYTES;  // the rows' k8 chunk columns
+  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BlockRows::BYTES;
   constexpr int S_OFFSET = W_BYTES + A_BYTES;  // a group's scales (copy_group_scales)
   constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;  // and zeros (HAS_ZERO)
   constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
@@ -246,7 +251,6 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   const int tile = col_tile * COLT + warp;  // the column tile warp w dequantizes
 
   // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
-  using BlockRows = ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV>;
   constexpr int A_COPIES = BlockRows::COPIES;
   const BlockRows block_rows(a, sorted_ids, blk, num_slots);
   const uint4* w_cta = w + ((size_t)expert * KSTEPS * NTILES + col_tile * COLT) * 32;
@@ -312,7 +316,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
 
   // PIN_ADDRESSES: the B descriptors are the ring's own with the address field moved on by a
   // stage's offset in the ring
-  const unsigned long long desc_ring = PIN_ADDRESSES ? wgmma_desc(smem, BLOCK * 16, 128) : 0;
+  const unsigned long long desc_ring = PIN_ADDRESSES ? wgmma_desc(smem, COLUMN_BYTES, 128) : 0;
 
   unsigned frag[2][4][4];  // [step parity][subtile t]: A fragments
   auto multiply_step = [&](const unsigned char* st, int sub, const uint4& wv, unsigned (&f)[4][4]) {
@@ -331,9 +335,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     // B: rows 0 .. BLOCK - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
     unsigned long long desc;
     if constexpr (PIN_ADDRESSES)
-      desc = desc_ring + ((unsigned)(st - smem + W_BYTES + sub * 2 * BLOCK * 16) >> 4);
+      desc = desc_ring + ((unsigned)(st - smem + W_BYTES + sub * 2 * COLUMN_BYTES) >> 4);
     else
-      desc = wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
+      desc = wgmma_desc(st + W_BYTES + sub * 2 * COLUMN_BYTES, COLUMN_BYTES, 128);
     wgmma_fence();
 #pragma unroll
     for (int t = 0; t < 4; ++t)
@@ -436,7 +440,9 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   static_assert(KS % 2 == 0, "A fragments alternate between two register sets by step parity");
   static_assert(STAGES >= 3, "the ring keeps a stage for the wgmma in flight");
   constexpr int GROUP_ITERS = G / (16 * KS);
-  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BLOCK * KS * 32;
+  using BlockRows = ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV>;
+  constexpr int COLUMN_BYTES = BlockRows::COLUMN_BYTES;  // the rows' k8 chunk columns
+  constexpr int W_BYTES = COLT * KS * 512, A_BYTES = BlockRows::BYTES;
   constexpr int S_OFFSET = W_BYTES + A_BYTES;  // a group's scales (copy_group_scales)
   constexpr int Z_OFFSET = S_OFFSET + COLT * SCALE_STAGE_BYTES;  // and zeros (HAS_ZERO)
   constexpr int STAGE_BYTES = S_OFFSET + group_stage_bytes<COLT, HAS_ZERO>();
@@ -458,7 +464,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   const float weight_here =
       MUL_WEIGHTS && threadIdx.x < BLOCK ? weights_flat[blk * BLOCK + threadIdx.x] : 1.0f;
   // copies of one stage: the weights by copy_weight_stage, the rows by ChunkMajorRows
-  const ChunkMajorRows<BLOCK, KS, THREADS, KDIM, ROW_DIV> block_rows(a, sorted_ids, blk, num_slots);
+  const BlockRows block_rows(a, sorted_ids, blk, num_slots);
   if (blk * BLOCK >= total) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, subtile = warp % 4;  // column tile wg of the CTA's, warp subtile of it
@@ -568,7 +574,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
         for (int r = 0; r < 4; ++r) f[r] = *reinterpret_cast<const unsigned*>(&h[r]);
         // B: rows 0 .. N - 1 of k16 step `sub`: k8 chunks 2 sub and 2 sub + 1
         const unsigned long long desc =
-            wgmma_desc(st + W_BYTES + sub * 2 * BLOCK * 16, BLOCK * 16, 128);
+            wgmma_desc(st + W_BYTES + sub * 2 * COLUMN_BYTES, COLUMN_BYTES, 128);
         wgmma_fence();
         wgmma_f16<N>(reinterpret_cast<float (&)[N / 2]>(acc), f, desc);
         wgmma_commit();
