@@ -88,12 +88,13 @@ def test_launch_plan():
         assert kernels[v["kernel"]]["shared_bytes"] == v["shared_bytes"] > 48 * 1024
         body = kernel_body(source, v["kernel"])
         assert len(re.findall(r"__launch_bounds__\(512\)\s+" + v["kernel"] + r"\(", source)) == 1
-        assert call_args(body, "grouped_gemm_wgmma_tall")["BLOCK"] == "128"
+        tall = call_args(body, "grouped_gemm_wgmma_tall")
+        assert [tall[k] for k in ("BLOCK", "DYNAMIC_BYTES")] == ["128", str(v["shared_bytes"])]
         wide = call_args(body, "grouped_gemm_wide")       # compiled without warpgroup MMA
         assert body.index("grouped_gemm_wgmma_tall<") < body.index("#else") < body.index(
             "grouped_gemm_wide<")
-        assert [wide[k] for k in ("BLOCK", "WARP_ROWS", "COLT", "DYNAMIC_SHARED")] == [
-            "128", "32", "4", "true"]
+        assert [wide[k] for k in ("BLOCK", "WARP_ROWS", "COLT", "DYNAMIC_BYTES")] == [
+            "128", "32", "4", str(v["shared_bytes"])]
     # T = 53..64: the wide warpgroup-MMA CTA, its registers capped for 4 CTAs an SM: down
     # split over K, gate/up whole (its K loop unrolled over a ring turn); the partials hold
     # every split of every tile of the largest call
@@ -253,6 +254,33 @@ def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
             assert_no_spills(log)
             assert all(s == "0" for s in re.findall(r"(\d+) bytes stack frame", log)), (name, log)
             assert "warning" not in log.lower(), (name, log)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch, fn", [("sm_90a", "grouped_gemm_wgmma_tall"),
+                                      ("sm_80", "grouped_gemm_wide")])
+def test_tall_kernels_check_their_dynamic_shared_memory(tmp_path, arch, fn):
+    """A tall-tile kernel is told the dynamic shared memory its launch gives (the tile pass's
+    tall_shared_bytes) and does not build where that is short of what it lays out: 16 bytes
+    short of the tall ring (sm_90a), or 1 KB for the wide CTA in its place (the same source
+    built for sm_80)."""
+    files = emit(example_for("qwen3-30b-a3b", "sm_90a"), "cuda")
+    plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+    tall = [v for g in plan["gemms"] for v in g["variants"] if v["tall"]]
+    assert tall
+    source = files["qwen3-30b-a3b.cu"]
+    for v in tall:
+        assert call_args(kernel_body(source, v["kernel"]), fn)["DYNAMIC_BYTES"] == str(
+            v["shared_bytes"])
+    for given in {v["shared_bytes"] for v in tall}:
+        short = given - 16 if fn == "grouped_gemm_wgmma_tall" else 1024
+        source = source.replace(f"/*DYNAMIC_BYTES=*/{given}", f"/*DYNAMIC_BYTES=*/{short}")
+    files["qwen3-30b-a3b.cu"] = source
+    src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
+    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", str(src),
+                           "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert proc.returncode != 0 and "dynamic shared memory holds the ring" in proc.stderr, (
+        proc.stderr)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -516,8 +544,7 @@ def test_fused_topk_sum_plan():
                 assert args["FOLLOWS"] == "true"
             elif fn != "grouped_gemm_wgmma_tall":
                 assert args.get("SPLIT", "1") == str(v["split"]), (fn, v["kernel"])
-                assert (args.get("DYNAMIC_SHARED") == "true") == (fn == "grouped_gemm_wide"
-                                                                  and v["tall"])
+                assert ("DYNAMIC_BYTES" in args) == (fn == "grouped_gemm_wide" and v["tall"])
         # (and the caller's expert ids: slots routed outside [0, E) are left out of the sum)
         routed = ", moegen::Routed{routed_ids, E});"
         ends = ("out, partials, counters, sum_out, sum_counters" + routed

@@ -364,13 +364,14 @@ extern "C" __global__ void __launch_bounds__(512)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336, /*G=*/128, /*STAGES=*/4,
-      /*KS=*/8, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false>(
+      /*KS=*/8, /*DYNAMIC_BYTES=*/199680, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/4096, /*NTILES=*/448, /*NOUT=*/14336,
       /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/1, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/true>(
+      /*DYNAMIC_BYTES=*/199680>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -463,13 +464,14 @@ extern "C" __global__ void __launch_bounds__(512)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096, /*G=*/128, /*STAGES=*/4,
-      /*KS=*/8, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true>(
+      /*KS=*/8, /*DYNAMIC_BYTES=*/199680, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/14336, /*NTILES=*/64, /*NOUT=*/4096,
       /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/true>(
+      /*DYNAMIC_BYTES=*/199680>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }

@@ -432,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
       /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/24, /*NOUT=*/768,
       /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/false, /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/0, /*HAS_ZERO=*/true>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -450,14 +450,14 @@ extern "C" __global__ void __launch_bounds__(512)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/2048, /*NTILES=*/24, /*NOUT=*/768, /*G=*/128, /*STAGES=*/4, /*KS=*/8,
-      /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true, /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0,
-      /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/201728, /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
+      /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*HAS_ZERO=*/true>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/2048, /*NTILES=*/24, /*NOUT=*/768,
       /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/8, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
       /*MUL_WEIGHTS=*/false, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/true, /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/201728, /*HAS_ZERO=*/true>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -524,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
       /*BLOCK=*/32, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/768, /*NTILES=*/32, /*NOUT=*/2048,
       /*G=*/128, /*STAGES=*/4, /*KS=*/2, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/false, /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/0, /*HAS_ZERO=*/true>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }
@@ -541,14 +541,14 @@ extern "C" __global__ void __launch_bounds__(512)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   moegen::grouped_gemm_wgmma_tall<
       /*BLOCK=*/128, /*KDIM=*/768, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*STAGES=*/4, /*KS=*/8,
-      /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false, /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0,
-      /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/201728, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
+      /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*HAS_ZERO=*/true>(
 #else
   moegen::grouped_gemm_wide<
       /*BLOCK=*/128, /*WARP_ROWS=*/32, /*COLT=*/4, /*KDIM=*/768, /*NTILES=*/32, /*NOUT=*/2048,
       /*G=*/128, /*STAGES=*/4, /*KS=*/4, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,
       /*MUL_WEIGHTS=*/true, /*SUM_TOPK=*/0, /*SPLIT=*/1, /*SPLIT_MANY=*/1, /*FILL_CTAS=*/0,
-      /*DYNAMIC_SHARED=*/true, /*HAS_ZERO=*/true>(
+      /*DYNAMIC_BYTES=*/201728, /*HAS_ZERO=*/true>(
 #endif
       a, w, scales, zeros, sorted_ids, expert_ids, total, weights_flat, num_slots, out);
 }

@@ -417,11 +417,11 @@ struct RowCount {
 // one may still be read by a running wgmma), and mbarriers, not CTA barriers, say when a stage
 // has landed and when every warp is done with it. The wgmmas multiply only the 32-row groups
 // that hold slots. A tile's gate and up columns sit in different warps, so the accumulators go
-// through shared memory as fp32 into the epilogue. Dynamic shared memory: the larger of the
-// ring and the staged outputs (tall_shared_bytes in the tile pass). HAS_ZERO: zeros staged
-// after the scales, as the wide CTA.
-template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int ROW_DIV,
-          int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
+// through shared memory as fp32 into the epilogue. Dynamic shared memory: DYNAMIC_BYTES, at
+// least the larger of the ring and the staged outputs (tall_shared_bytes in the tile pass).
+// HAS_ZERO: zeros staged after the scales, as the wide CTA.
+template <int BLOCK, int KDIM, int NTILES, int NOUT, int G, int STAGES, int KS, int DYNAMIC_BYTES,
+          int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
           bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm_wgmma_tall(
     const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
@@ -451,6 +451,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma_tall(
   // fp32 words from one column tile's staged rows to the next's: 4 more than the rows, so that
   // the epilogue's 16-byte reads of a row's adjacent tiles fall on different banks
   constexpr int RED_TILE = BLOCK * RED_ROW + 4;
+  static_assert(STAGES * STAGE_BYTES <= DYNAMIC_BYTES && COLT * RED_TILE * 4 <= DYNAMIC_BYTES,
+                "the launch's dynamic shared memory holds the ring and the fp32 outputs");
   unsigned char* smem = dynamic_shared;
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)

@@ -195,7 +195,7 @@ __host__ __device__ constexpr int group_stage_bytes() {
 // less its zero before the scale.
 template <int BLOCK, int WARP_ROWS, int COLT, int KDIM, int NTILES, int NOUT, int G, int STAGES,
           int KS, int ROW_DIV, int EPILOGUE, bool PERM_GATE_UP, bool MUL_WEIGHTS, int SUM_TOPK = 0,
-          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0, bool DYNAMIC_SHARED = false,
+          int SPLIT = 1, int SPLIT_MANY = SPLIT, int FILL_CTAS = 0, int DYNAMIC_BYTES = 0,
           bool HAS_ZERO = false>
 __device__ __forceinline__ void grouped_gemm_wide(
     const act_t* __restrict__ a, const uint4* __restrict__ w, const uint4* __restrict__ scales,
@@ -227,11 +227,14 @@ __device__ __forceinline__ void grouped_gemm_wide(
   // the epilogue's output rows: per warp WARP_ROWS rows of OUT_COLS halves, padded by 8
   constexpr int OUT_COLS = EPILOGUE == 1 ? 32 : 64, OUT_ROW = OUT_COLS + 8;
   constexpr int OUT_BYTES = WARPS * WARP_ROWS * OUT_ROW * 2;
-  // (DYNAMIC_SHARED: the launch gives the larger of the two as dynamic shared memory)
-  __shared__ __align__(128) unsigned char static_shared[DYNAMIC_SHARED           ? 16
+  // (DYNAMIC_BYTES > 0: the launch gives that much dynamic shared memory, which must hold both)
+  constexpr bool DYNAMIC = DYNAMIC_BYTES > 0;
+  static_assert(!DYNAMIC || (RING_BYTES <= DYNAMIC_BYTES && OUT_BYTES <= DYNAMIC_BYTES),
+                "the launch's dynamic shared memory holds the ring and the output rows");
+  __shared__ __align__(128) unsigned char static_shared[DYNAMIC                  ? 16
                                                         : RING_BYTES > OUT_BYTES ? RING_BYTES
                                                                                  : OUT_BYTES];
-  unsigned char* smem = DYNAMIC_SHARED ? dynamic_shared : static_shared;
+  unsigned char* smem = DYNAMIC ? dynamic_shared : static_shared;
 
   const int blk = blockIdx.x, col_tile = blockIdx.y;  // blocks vary fastest (weights from L2)
   const int split = SPLIT > 1 ? blockIdx.z : 0;       // (a constant for the whole K)
