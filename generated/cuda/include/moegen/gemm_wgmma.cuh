@@ -138,8 +138,9 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 // COLUMN_BYTES). The CTA's THREADS threads copy chunk q THREADS + thread; a warp's 32 chunks are
 // LANES_PER_ROW = 4 adjacent chunks (64 bytes, whole sectors) of each of 8 rows (2 of 16 rows
 // where a stage holds one k16 step). A chunk column is BLOCK rows and 16 bytes of padding long,
-// so that the adjacent chunks of a row, which arrive together, land on different banks.
-// Padding rows copy 0 bytes and zero-fill.
+// so that the adjacent chunks of a row, which one copy fetches together, land on different banks
+// (2-5% faster at prefill sizes on the H200: docs/DESIGN.md). Padding rows copy 0 bytes and
+// zero-fill (copying the first row in their place was 2-4x slower).
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
