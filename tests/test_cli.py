@@ -119,6 +119,13 @@ def test_inspect_schedule_svg(tmp_path):
     assert out.count("no hazard, no deadlock") == 2
     assert "AIV unfold |" in out and "AIC matmul |" in out
     assert svg_file.read_text().startswith("<svg")
+    assert "basic, 24 cores of the cost model: 361.2 us in all" in out
+    # the cost model is the Ascend chip's: the CUDA view draws the stage order, in steps
+    cuda = run_moegen("inspect", ROOT / "examples" / "msd-seed.yaml", "--target", "cuda",
+                      "--schedule", "--svg", svg_file, check=True).stdout
+    assert "producer warps unfold |" in cuda and "MMA warps matmul      |" in cuda
+    assert "preload, stage order (a step a stage):" in cuda and " us" not in cuda
+    assert "stage order" in svg_file.read_text() and ">us<" not in svg_file.read_text()
     proc = run_moegen("inspect", ROOT / "examples" / "qwen3-30b-a3b.yaml", "--schedule")
     assert proc.returncode == 2 and "no K-loop schedule" in proc.stderr
 

@@ -2,7 +2,8 @@
 
 One lane per unit kind and stage, like the seed's pipeline figures: the vector units' unfold,
 the matrix units' matmul, the vector units' merge (core 0's units; the others run the same
-program). Blocks are labelled with their iteration.
+program). Blocks are labelled with their iteration. A timed run (the cost model's) is drawn in
+microseconds, an untimed one (a step a stage) in steps.
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ class Panel:
     window_us: float
 
 
+def time_unit(result: Result) -> str:
+    return "us" if result.timed else "steps"
+
+
 def window(result: Result, iterations: int) -> float:
     """The time by which the first `iterations` iterations are merged (what is drawn)."""
     ends = [s.end for s in result.spans if s.what == "merge" and s.iteration is not None
@@ -39,7 +44,9 @@ def lane_spans(result: Result, kind: str, stage: str):
 def ascii_gantt(panel: Panel, target: str = "ascend", width: int = 96) -> str:
     labels = UNIT_LABELS[target]
     scale = width / panel.window_us
-    head = f"{panel.title}: {panel.result.time_us:.1f} us in all (first {panel.window_us:.1f} us)"
+    unit = time_unit(panel.result)
+    head = (f"{panel.title}: {panel.result.time_us:.1f} {unit} in all "
+            f"(first {panel.window_us:.1f} {unit})")
     lines = [head]
     name_w = max(len(f"{labels[k]} {s}") for k, s in LANES)
     for kind, stage in LANES:
@@ -51,7 +58,8 @@ def ascii_gantt(panel: Panel, target: str = "ascend", width: int = 96) -> str:
             for x in range(a, min(max(b, a + 1), width)):
                 row[x] = str(s.iteration % 10)
         lines.append(f"  {labels[kind] + ' ' + stage:<{name_w}} |{''.join(row)}|")
-    ticks = f"  {'':<{name_w}}  0 us{'':{width - 12}}{panel.window_us:6.1f} us"
+    start, end = f"0 {unit}", f"{panel.window_us:.1f} {unit}"
+    ticks = f"  {'':<{name_w}}  {start}{end:>{width + 1 - len(start)}}"
     lines.append(ticks)
     return "\n".join(lines)
 
@@ -75,7 +83,8 @@ def svg(panels: list[Panel], target: str = "ascend", title: str = "") -> str:
         step = _tick(p.window_us)
         ticks = [{"x": left + t * scale, "label": f"{t:g}"}
                  for t in [k * step for k in range(int(p.window_us / step) + 1)]]
-        drawn.append({"title": f"{p.title}: {p.result.time_us:.1f} us in all",
+        unit = time_unit(p.result)
+        drawn.append({"title": f"{p.title}: {p.result.time_us:.1f} {unit} in all", "unit": unit,
                       "y": y, "lanes": lanes, "ticks": ticks,
                       "axis_y": y + 22 + len(LANES) * (lane_h + gap)})
         y += 40 + len(LANES) * (lane_h + gap) + 30
