@@ -58,6 +58,10 @@ def test_inspect_pass_options(tmp_path):
     assert out.startswith("// pipeline: tile{moe-block=16}\n") and "[[16, 16], [64, 16]" in out
     out = run_moegen("inspect", spec, "--buffers", check=True).stdout
     assert "activation" in out and "naive sum" in out and "peak live" in out
+    assert out.startswith("workspace plan at tokens = 8192 ")     # sized at tokens.max
+    msd = run_moegen("inspect", ROOT / "examples" / "msd-seed.yaml", "--buffers",
+                     check=True).stdout
+    assert msd.startswith("workspace plan (") and "y_int" in msd  # no token count in its sizes
     proc = run_moegen("inspect", spec, "--pass-pipeline", "tile,nope")
     assert proc.returncode == 2 and "unknown pass 'nope'" in proc.stderr
 

@@ -48,6 +48,7 @@ class Plan:
     buffers: list[Buffer]
     alignment: int
     tokens: int
+    dynamic: bool = True  # some buffer's size depends on the token count (MSD's do not)
 
     @property
     def size(self) -> int:
@@ -66,7 +67,8 @@ class Plan:
 
     def table(self) -> str:
         w = max([len(b.name) for b in self.buffers] + [6])
-        lines = [f"workspace plan at tokens = {self.tokens} (alignment {self.alignment} bytes)",
+        at = f" at tokens = {self.tokens}" if self.dynamic else ""
+        lines = [f"workspace plan{at} (alignment {self.alignment} bytes)",
                  f"  {'buffer':<{w}}  {'bytes':>12}  {'slots':>5}  {'live ops':>9}  {'offset':>12}"]
         for b in sorted(self.buffers, key=lambda b: (b.start, b.name)):
             lines.append(f"  {b.name:<{w}}  {b.size:>12,}  {b.slots:>5}  "
@@ -157,7 +159,15 @@ def liveness(module: Module, tokens: int) -> tuple[list[Buffer], dict[int, Buffe
 def plan_of(module: Module, tokens: int, align: int = 256) -> Plan:
     buffers, _ = liveness(module, tokens)
     assign_offsets(buffers, align)
-    return Plan(buffers, align, tokens)
+    return Plan(buffers, align, tokens, _dynamic(module))
+
+
+def _dynamic(module: Module) -> bool:
+    """Whether a value of the function (its regions' included) has the token count in a dim."""
+    fn = module.function()
+    values = list(fn.args) + [r for op in fn.walk() for r in op.results]
+    return any("?" in d.symbols for v in values if isinstance(v.type, TensorType)
+               for d in v.type.shape)
 
 
 class AllocPass(Pass):
@@ -168,7 +178,7 @@ class AllocPass(Pass):
         align = self.option("alignment")
         buffers, of = liveness(module, ctx.spec.tokens.max)
         assign_offsets(buffers, align)
-        plan = Plan(buffers, align, ctx.spec.tokens.max)
+        plan = Plan(buffers, align, ctx.spec.tokens.max, _dynamic(module))
         for op in module.function().walk():
             if op.results and op.NAME not in VIEW_OPS:
                 op.attrs["offsets"] = [of[id(r)].offset if id(r) in of else -1
