@@ -48,13 +48,16 @@ def cmd_inspect(args) -> int:
     printed = args.print_ir_after_all or args.print_ir_after
     if args.launches:
         print(_launch_report(spec, module, target, pm.pipeline, args.arch))
+    if args.resources:
+        print(_resources_report(spec, module, target, pm.pipeline, args.arch))
     if args.buffers:
         from .passes.alloc import plan_of
         plan = ctx.results.get("alloc") or plan_of(module, spec.tokens.max)
         print(plan.table())
     if args.schedule or args.svg:
         print(_schedule_report(spec, module, target, args.svg))
-    if not (printed or args.launches or args.buffers or args.schedule or args.svg):
+    if not (printed or args.launches or args.resources or args.buffers or args.schedule
+            or args.svg):
         print(f"// pipeline: {pm.pipeline}")
         print(module, end="")
     if args.time_passes:
@@ -62,16 +65,31 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _launch_report(spec, module, target: str, pipeline: str, arch: str | None) -> str:
+def _cuda_program(spec, module, target: str, pipeline: str, arch: str | None, flag: str):
     if target != "cuda":
-        raise UsageError(f"--launches: the CUDA target's launch plan; this inspects the "
-                         f"{target} target")
-    from .targets.cuda import plan_table
+        raise UsageError(f"{flag}: the CUDA target's kernels; this inspects the {target} target")
     if spec.pipeline == "msd_matmul":
         from .targets.cuda.msd_emitter import emit_msd
-        return plan_table.msd_launch_table(emit_msd(spec, module, pipeline, arch).plan)
+        return emit_msd(spec, module, pipeline, arch)
     from .targets.cuda.emitter import emit_moe
-    return plan_table.moe_launch_table(emit_moe(spec, module, pipeline, arch).plan)
+    return emit_moe(spec, module, pipeline, arch)
+
+
+def _launch_report(spec, module, target: str, pipeline: str, arch: str | None) -> str:
+    from .targets.cuda import plan_table
+    plan = _cuda_program(spec, module, target, pipeline, arch, "--launches").plan
+    if spec.pipeline == "msd_matmul":
+        return plan_table.msd_launch_table(plan)
+    return plan_table.moe_launch_table(plan)
+
+
+def _resources_report(spec, module, target: str, pipeline: str, arch: str | None) -> str:
+    from .targets.cuda.ptxas_report import NvccError, resources_table
+    program = _cuda_program(spec, module, target, pipeline, arch, "--resources")
+    try:
+        return resources_table(program, spec.name, program.plan["arch"])
+    except NvccError as exc:
+        raise UsageError(f"--resources: {exc}") from None
 
 
 def _schedule_report(spec, module, target: str, svg_path: str | None) -> str:
@@ -345,6 +363,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="CUDA: print the launch plan as a table: per token bucket the kernel "
                         "each GEMM runs, its CTA, K split, copy ring, threads and launch (MSD: "
                         "its kernels)")
+    s.add_argument("--resources", action="store_true",
+                   help="CUDA: compile the plan's kernels with nvcc and print per kernel its "
+                        "registers, spills, shared memory and barriers (ptxas -v), the CTAs an "
+                        "SM holds at those and the limit that sets them")
     s.add_argument("--arch", choices=CUDA_ARCHS,
                    help="CUDA: plan for this arch (default: the spec's targets.cuda.arch; a "
                         "runtime plans for its GPU's)")

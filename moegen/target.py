@@ -6,7 +6,8 @@ uses that GPU's own limits rather than the H200's. A runtime plans for the GPU i
 table's entry for its architecture with the SM count the device reports (`from_device`).
 
 Figures are the vendors' published limits (CUDA C Programming Guide, "Compute Capabilities",
-and the architecture whitepapers). `sms` is the table's reference part for the architecture;
+the architecture whitepapers, and for CTA and barrier slots the CUDA toolkit's occupancy
+calculator, cuda_occupancy.h). `sms` is the table's reference part for the architecture;
 the others are the architecture's own.
 """
 from __future__ import annotations
@@ -27,9 +28,19 @@ class GpuTarget:
     cta_reserved_shared: int = 1 * KB  # bytes each resident CTA takes besides its own
     registers_per_sm: int = 65536      # 32-bit registers
     threads_per_sm: int = 2048
+    resident_ctas: int = 32            # CTAs an SM holds at most
+    barriers_per_cta_slot: int = 2     # CTA barriers (__syncthreads, named) an SM holds a slot
     wgmma: bool = False       # warpgroup MMA (wgmma.mma_async): sm_90a only
     tma: bool = False         # the tensor memory accelerator (cp.async.bulk.tensor)
     pdl: bool = False         # programmatic dependent launch (griddepcontrol): sm_90 and later
+
+    def ctas_by_shared(self, cta_bytes: int) -> int:
+        """CTAs of `cta_bytes` shared memory (static and dynamic) an SM holds by its shared
+        memory alone: each takes its bytes and the SM's reserve, in units of 128 bytes; 0 where
+        one CTA may not have that much."""
+        if cta_bytes > self.shared_per_cta:
+            return 0
+        return self.shared_per_sm // (-(-(cta_bytes + self.cta_reserved_shared) // 128) * 128)
 
     def with_sms(self, sms: int) -> "GpuTarget":
         """The same architecture on a part with `sms` SMs (the device's own count)."""
@@ -38,15 +49,18 @@ class GpuTarget:
 
 KNOWN_TARGETS: dict[str, GpuTarget] = {t.arch: t for t in (
     GpuTarget("sm_80", "A100 SXM", 108, 164 * KB, 163 * KB),
-    GpuTarget("sm_86", "A10", 72, 100 * KB, 99 * KB, threads_per_sm=1536),
-    GpuTarget("sm_87", "Jetson AGX Orin", 16, 164 * KB, 163 * KB, threads_per_sm=1536),
-    GpuTarget("sm_89", "L40S", 142, 100 * KB, 99 * KB, threads_per_sm=1536),
+    GpuTarget("sm_86", "A10", 72, 100 * KB, 99 * KB, threads_per_sm=1536, resident_ctas=16,
+              barriers_per_cta_slot=1),
+    GpuTarget("sm_87", "Jetson AGX Orin", 16, 164 * KB, 163 * KB, threads_per_sm=1536,
+              resident_ctas=16, barriers_per_cta_slot=1),
+    GpuTarget("sm_89", "L40S", 142, 100 * KB, 99 * KB, threads_per_sm=1536, resident_ctas=24,
+              barriers_per_cta_slot=1),
     GpuTarget("sm_90", "H100 SXM / H200", 132, 228 * KB, 227 * KB, tma=True, pdl=True),
     GpuTarget("sm_90a", "H100 SXM / H200", 132, 228 * KB, 227 * KB, wgmma=True, tma=True,
               pdl=True),
     GpuTarget("sm_100a", "B200", 148, 228 * KB, 227 * KB, tma=True, pdl=True),
     GpuTarget("sm_120", "RTX PRO 6000 Blackwell", 188, 100 * KB, 99 * KB, threads_per_sm=1536,
-              tma=True, pdl=True),
+              resident_ctas=24, barriers_per_cta_slot=1, tma=True, pdl=True),
 )}
 CUDA_ARCHS = tuple(KNOWN_TARGETS)
 

@@ -22,9 +22,11 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
-def run_moegen(*args, cwd=None, check=False):
+def run_moegen(*args, cwd=None, check=False, env=None):
+    """`python -m moegen ARGS`; `env`: variables set over this process's."""
     proc = subprocess.run([sys.executable, "-m", "moegen", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True,
+                          env={**os.environ, **env} if env else None)
     if check and proc.returncode:
         raise AssertionError(proc.stderr)
     return proc

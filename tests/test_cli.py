@@ -1,4 +1,5 @@
 import re
+import shutil
 
 import pytest
 
@@ -309,6 +310,36 @@ def test_inspect_launches_tabulates_the_launch_plan():
                        (("--target", "ascend", "--arch", "sm_90"), "--arch sm_90: a CUDA plan's")):
         proc = run_moegen("inspect", "examples/msd-seed.yaml", *args, cwd=ROOT)
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_inspect_resources_tabulates_what_each_kernel_takes():
+    """`inspect --resources`: a row per kernel of the plan with ptxas's registers, spills and
+    shared memory (the launch's dynamic after the static), the CTAs an SM holds at them and the
+    limit that sets them, beside the CTAs the plan counts on; sm_86 (100 KB an SM): the wide
+    CTAs are held 3 an SM by their shared memory, and the plan counts on 3."""
+    proc = run_moegen("inspect", "examples/msd-seed.yaml", "--resources", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("msd-seed: its kernels for sm_90a as nvcc ")
+    rows = {r.split()[0]: r.split() for r in proc.stdout.splitlines() if r.startswith("msd_")}
+    assert set(rows) == {"msd_matmul_basic", "msd_matmul_preload"}
+    for name, row in rows.items():
+        threads, registers, spills = int(row[1]), int(row[2]), row[3]
+        assert threads == 128 and 32 <= registers <= 255 and spills == "0", row
+        assert re.fullmatch(r"\d+ \+ \d+", " ".join(row[5:8])), row   # static + dynamic
+        assert int(row[9]) >= int(row[-1]) == 6, row     # CTAs an SM, planned
+    proc = run_moegen("inspect", "examples/qwen3-30b-a3b.yaml", "--resources", "--arch",
+                      "sm_86", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    wide = [r for r in proc.stdout.splitlines() if "_c4_r32_" in r]
+    assert wide and all(re.search(r" 3 +shared memory +3$", r) for r in wide), proc.stdout
+    for args, env, says in (
+            (("--target", "ascend"), None, "--resources: the CUDA target's kernels"),
+            ((), {"PATH": ""}, "--resources: nvcc (the CUDA toolkit")):
+        proc = run_moegen("inspect", "examples/msd-seed.yaml", "--resources", *args, cwd=ROOT,
+                          env=env)
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, (
+            proc.stderr)
 
 
 def test_inspect_and_compile_plan_with_a_tuning_database_when_given(tmp_path):

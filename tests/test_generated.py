@@ -11,12 +11,14 @@ import pytest
 import yaml
 
 import moegen
-from moegen.target import CUDA_ARCHS
+from moegen.target import CUDA_ARCHS, gpu_target
 from moegen.passes.manager import PipelineError
 from moegen.targets import cpp_format
 from moegen.targets.compile import emit
 from moegen.targets.cuda.emitter import device_headers
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
+from moegen.targets.cuda.occupancy import ctas_per_sm
+from moegen.targets.cuda.ptxas_report import kernel_uses, planned_ctas, ptxas_stats
 from conftest import ROOT
 
 GENERATED = ROOT / "generated"
@@ -242,18 +244,28 @@ def example_for(name: str, arch: str):
 @pytest.mark.parametrize("arch", CUDA_ARCHS)
 def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
     """Every example planned for `arch` (its SMs and shared memory: moegen.target) builds for
-    it with nvcc: no warnings, no spills, no stack frames (sm_90a: generated/'s own plans)."""
-    def build(name: str) -> tuple[str, str]:
+    it with nvcc: no warnings, no spills, no stack frames (sm_90a: generated/'s own plans); and
+    an SM holds as many CTAs of each kernel, at ptxas's registers and shared memory, as the plan
+    counts on (its grid sized for them: planned_ctas)."""
+    def build(name: str) -> tuple[str, str, dict]:
         folder = tmp_path / name
         folder.mkdir()
         files = emit(example_for(name, arch), "cuda")
-        return name, nvcc_build(write_emitted(files, name, folder), folder, arch)
+        plan = json.loads(files[f"{name}.launch.json"])
+        return name, nvcc_build(write_emitted(files, name, folder), folder, arch), plan
 
+    gpu = gpu_target(arch)
+    counted = 0
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        for name, log in pool.map(build, CUDA_EXAMPLES):
+        for name, log, plan in pool.map(build, CUDA_EXAMPLES):
             assert_no_spills(log)
             assert all(s == "0" for s in re.findall(r"(\d+) bytes stack frame", log)), (name, log)
             assert "warning" not in log.lower(), (name, log)
+            uses = kernel_uses(plan, ptxas_stats(log))
+            for kernel, planned in planned_ctas(plan).items():
+                assert ctas_per_sm(gpu, uses[kernel])[0] >= planned, (name, kernel, uses[kernel])
+                counted += 1
+    assert counted
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

@@ -129,10 +129,30 @@ def wide_decode_ctas(warps: int) -> int:
     return max(1, CTAS_PER_SM * GEMM_TILE["warps"] // warps)
 
 
-def wide_split_fill_ctas(ctas_per_sm: int, gpu: GpuTarget) -> int:
+def wide_static_bytes(block: int, col_tiles: int, stages: int, block_k: int, zeros: bool,
+                      wgmma: bool) -> int:
+    """Static shared memory of a wide CTA: the larger of its ring (the rows staged padded
+    (gemm_wide.cuh) or chunk-major (gemm_wgmma.cuh)) and its epilogue's fp16 output rows (64
+    columns a tile, padded by 8), and 128 bytes of flags."""
+    ks = block_k // 16
+    rows = chunk_major_row_bytes(block, ks) if wgmma else block * (32 * ks + RING_ROW_PAD)
+    ring = stages * (col_tiles * (ks * 512 + group_bytes(zeros)) + rows)
+    return max(ring, col_tiles * block * (64 + 8) * 2) + 128
+
+
+def wide_resident_ctas(warps: int, static_bytes: int, gpu: GpuTarget) -> int:
+    """CTAs an SM of a capped wide CTA of `warps` warps holds, which its K split is sized for:
+    wide_decode_ctas (its register cap), fewer where the SM's shared memory holds fewer CTAs of
+    `static_bytes` (wide_static_bytes; 3 of a 4-tile ring of ~29 KB where the SM has 100 KB:
+    sm_86, sm_89, sm_120, whose registers stay capped for 4: at 3, 168 registers, Mixtral's down
+    kernel spills)."""
+    return max(1, min(wide_decode_ctas(warps), gpu.ctas_by_shared(static_bytes)))
+
+
+def wide_split_fill_ctas(resident: int, gpu: GpuTarget) -> int:
     """The CTAs below which a call doubles its wide decode split (call_split in the device
-    header): WIDE_SPLIT_FILL of those `ctas_per_sm` CTAs on every SM hold."""
-    return int(WIDE_SPLIT_FILL * ctas_per_sm * gpu.sms)
+    header): WIDE_SPLIT_FILL of the `resident` CTAs an SM (wide_resident_ctas) on every SM."""
+    return int(WIDE_SPLIT_FILL * resident * gpu.sms)
 
 
 def wide_col_tiles(ntiles: int, block: int, most: int) -> int:

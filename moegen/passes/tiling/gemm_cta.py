@@ -7,7 +7,8 @@ from ..base import PipelineError
 from .cta import (DECODE_CTA_STEPS, GEMM_TILE, TALL_TILE, WGMMA_TILE, WIDE_BLOCKS, WIDE_COL_TILES,
                   WIDE_TILE, decode_split_k, doubled_split, gemm_stages, one_token_routing_bytes,
                   splits_evenly, tall_block_k, tall_fits, tall_stages, wgmma_fits, wide_col_tiles,
-                  wide_decode_ctas, wide_epilogue_fits, wide_stages)
+                  wide_decode_ctas, wide_epilogue_fits, wide_resident_ctas, wide_stages,
+                  wide_static_bytes)
 from .moe_buckets import (DECODE_MAX_TOKENS, SINGLE_TOKEN_WARPS, bucket_floor, call_blocks,
                           prefill_short, starts_with_single_token_bucket, wide_decode_bucket)
 from .msd import fit_warps
@@ -145,9 +146,10 @@ class GemmTiling:
                 raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
                                     f"block {block} does not fit {ntiles} tiles")
             cols = wide_col_tiles(ntiles, block, cols)
-            # its registers are capped for this many CTAs an SM, and its split sized for them
-            # (2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
-            ctas = wide_decode_ctas(cols * block // rows)
+            ring = self._wide_ring(spec, b, wide, k_dim, block, cols, rows)
+            # its split sized for the CTAs an SM holds (its registers capped for 16 warps an SM:
+            # 2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
+            ctas = self._wide_ctas(spec, block, cols, rows, ring)
             if not wide and cols > 1:
                 blocks = call_blocks(spec, bucket_floor(buckets, i), block)   # smallest call's
                 cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
@@ -169,15 +171,9 @@ class GemmTiling:
             cols = 1
         if cols == 1:
             return cta
-        bk = self.option("block-k") or (b.config.block_k if wide else WIDE_TILE["block_k"])
-        if (k_dim // 16) % (bk // 16) or group % bk:
-            raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
-                                f"{group}, is not a whole number of {bk}-deep stages")
-        stages = wide_stages(block, cols, self.option("stages") or (
-            b.config.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
-        # the warpgroup MMA kernel where the tile allows
-        wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"])) and wgmma_fits(
-            cols, rows, block, bk, stages)
+        if not split_wide:
+            ring = self._wide_ring(spec, b, wide, k_dim, block, cols, rows)
+        bk, stages, wg = ring
         # registers capped for 16 warps an SM where split over K, and on warpgroup MMA of
         # block 32 over the whole K too (whose kernel then unrolls its K loop over a turn of
         # the ring; block 64's accumulators do not fit the cap). Left whole on mma.sync it is
@@ -189,10 +185,33 @@ class GemmTiling:
                 "ctas_per_sm": wide_decode_ctas(cols * block // rows) if capped else 0,
                 "wgmma": wg}
 
+    def _wide_ring(self, spec, b: TunedBucket | None, wide: bool, k_dim: int, block: int,
+                   cols: int, rows: int) -> tuple[int, int, bool]:
+        """The wide CTA's ring: k a stage (the option's, a tuning entry's or WIDE_TILE's), its
+        stages (wide_stages) and whether it runs on the warpgroup MMA kernel (where the tile
+        allows)."""
+        group = spec.quant.group_size
+        bk = self.option("block-k") or (b.config.block_k if wide else WIDE_TILE["block_k"])
+        if (k_dim // 16) % (bk // 16) or group % bk:
+            raise PipelineError(f"tile{{block-k={bk}}}: K = {k_dim}, or the group "
+                                f"{group}, is not a whole number of {bk}-deep stages")
+        stages = wide_stages(block, cols, self.option("stages") or (
+            b.config.stages if wide else WIDE_TILE["stages"]), bk, not spec.quant.symmetric)
+        wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"])) and wgmma_fits(
+            cols, rows, block, bk, stages)
+        return bk, stages, wg
+
+    def _wide_ctas(self, spec, block: int, cols: int, rows: int,
+                   ring: tuple[int, int, bool]) -> int:
+        """CTAs an SM holds of the capped wide CTA with `ring` (_wide_ring)."""
+        bk, stages, wg = ring
+        return wide_resident_ctas(cols * block // rows, wide_static_bytes(
+            block, cols, stages, bk, not spec.quant.symmetric, wg), self.gpu)
+
     def _wide_decode_split(self, spec, k_dim: int, tiles: int, fixed: int | None, ctas: int,
                            short_k: bool = True) -> int:
         """K splits of a bucket's wide CTA (`tiles` of them in its smallest call): the
-        option's, else doubled up to about `ctas` CTAs an SM (wide_decode_ctas), then (decode
+        option's, else doubled up to about `ctas` CTAs an SM (wide_resident_ctas), then (decode
         buckets, `short_k`) while a CTA's share of K passes DECODE_CTA_STEPS k16 steps; each CTA
         takes whole scale groups. (Measured on the H200, Mixtral T = 64, scales through the
         ring: its down GEMM split 4 301-302 us for the layer, 8 306, 2 342; gate/up, whose 896

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ...tile_model import TALL_BLOCK
 from ...target import GpuTarget
-from .cta import GEMM_TILE, WIDE_BLOCKS, tall_fits, wide_col_tiles, wide_decode_ctas
+from .cta import (GEMM_TILE, WIDE_BLOCKS, WIDE_TILE, tall_fits, wgmma_fits, wide_col_tiles,
+                  wide_resident_ctas, wide_stages, wide_static_bytes)
 
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
@@ -151,9 +152,14 @@ def wide_call_ctas(spec, gpu: GpuTarget, tokens: int, block: int, ntiles: int, c
                    rows: int) -> tuple[int, int]:
     """(CTAs, room): a GEMM's wide CTAs (of `cols` column tiles of its `ntiles`, `rows` rows a
     warp) in a call of `tokens` tokens, unsplit, and the CTAs the SMs hold at the split wide
-    CTA's register cap (the wide decode CTA's CTAs an SM on every SM)."""
-    ctas = call_blocks(spec, tokens, block) * ntiles // wide_col_tiles(ntiles, block, cols)
-    return ctas, wide_decode_ctas(cols * block // rows) * gpu.sms
+    CTA's register cap (wide_resident_ctas of its default ring on every SM)."""
+    cols = wide_col_tiles(ntiles, block, cols)
+    ctas = call_blocks(spec, tokens, block) * ntiles // cols
+    bk, zeros = WIDE_TILE["block_k"], not spec.quant.symmetric
+    stages = wide_stages(block, cols, WIDE_TILE["stages"], bk, zeros)
+    wg = gpu.wgmma and wgmma_fits(cols, rows, block, bk, stages)
+    static = wide_static_bytes(block, cols, stages, bk, zeros, wg)
+    return ctas, wide_resident_ctas(cols * block // rows, static, gpu) * gpu.sms
 
 
 def prefill_short(spec, gpu: GpuTarget, tokens: int, block: int, ntiles: int, cols: int,

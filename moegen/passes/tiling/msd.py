@@ -90,8 +90,7 @@ def msd_occupancy(wanted: int, threads: int, shared_bytes: int, gpu: GpuTarget) 
     dynamic area starts on the next 128-byte line), in 128-byte units."""
     if not wanted:
         return 0
-    cta = align_up(gpu.cta_reserved_shared + MSD_SHARED_LINE + shared_bytes, MSD_SHARED_LINE)
-    by_shared = gpu.shared_per_sm // cta
+    by_shared = gpu.ctas_by_shared(MSD_SHARED_LINE + shared_bytes)
     by_registers = gpu.registers_per_sm // (threads * MSD_MIN_REGISTERS)
     return max(1, min(wanted, by_shared, by_registers))
 

@@ -15,7 +15,8 @@ from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
 from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, align_up, tall_shared_bytes,
-                                  tall_wide_block_k, wide_split_fill_ctas)
+                                  tall_wide_block_k, wide_resident_ctas,
+                                  wide_split_fill_ctas, wide_static_bytes)
 from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
@@ -139,11 +140,16 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
                 kernel = (f"moe_gemm_{g.name}_b{block}_s{split}_p{stages}"
                           + (f"_k{block_k}" if block_k != GEMM_TILE["block_k"] else "")
                           + (f"_w{warps}" if warps != GEMM_TILE["warps"] else ""))
-            # (split_many < split: the kernel takes split_many K ranges in calls whose blocks
-            # fill fill_ctas CTAs so, else split; call_split in the device header)
+            # a capped wide CTA: the CTAs an SM holds (its split sized for them); split_many <
+            # split: the kernel takes split_many K ranges in calls whose blocks fill fill_ctas
+            # CTAs so, else split (call_split in the device header)
+            resident = (wide_resident_ctas(warps, wide_static_bytes(block, cols, stages, block_k,
+                                                                     zeros, wg), gpu)
+                        if ctas and not tall else 0)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
-                               "split_many": many,
-                               "fill_ctas": wide_split_fill_ctas(ctas, gpu) if many != split else 0,
+                               "split_many": many, "resident_ctas": resident,
+                               "fill_ctas": (wide_split_fill_ctas(resident, gpu)
+                                             if many != split else 0),
                                "stages": stages, "warps": warps, "ks": block_k // 16,
                                "col_tiles": cols, "warp_rows": rows, "wgmma": wg,
                                "ctas_per_sm": ctas, "tall": tall,

@@ -30,7 +30,8 @@ def _launch(v: dict, arch: str) -> str:
             + ("; releases down after its K loop" if v["release_after_loop"] else ""))
 
 
-def _rows(head: list[str], rows: list[list[str]]) -> list[str]:
+def table_rows(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A header, its rule and the rows, each column as wide as its widest cell."""
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*head).rstrip(), fmt.format(*("-" * w for w in widths))] + [
@@ -67,7 +68,7 @@ def moe_launch_table(plan: dict) -> str:
                          v["kernel"]])
             calls = ""
         floor = edge + 1
-    return "\n".join(lines + _rows(head, rows))
+    return "\n".join(lines + table_rows(head, rows))
 
 
 def msd_launch_table(plan: dict) -> str:
@@ -80,4 +81,4 @@ def msd_launch_table(plan: dict) -> str:
              str(k.get("shared_bytes", 0)),
              ", ".join(f"{name} {n}" for name, n in k.get("slots", {}).items())]
             for k in plan["kernels"]]
-    return "\n".join(lines + _rows(head, rows))
+    return "\n".join(lines + table_rows(head, rows))
