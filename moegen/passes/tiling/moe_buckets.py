@@ -151,8 +151,8 @@ def call_blocks(spec, tokens: int, block: int) -> int:
 def wide_call_ctas(spec, gpu: GpuTarget, tokens: int, block: int, ntiles: int, cols: int,
                    rows: int) -> tuple[int, int]:
     """(CTAs, room): a GEMM's wide CTAs (of `cols` column tiles of its `ntiles`, `rows` rows a
-    warp) in a call of `tokens` tokens, unsplit, and the CTAs the SMs hold at the split wide
-    CTA's register cap (wide_resident_ctas of its default ring on every SM)."""
+    warp) in a call of `tokens` tokens, unsplit, and the CTAs the SMs hold of the split wide
+    CTA (wide_resident_ctas of its default ring, on every SM)."""
     cols = wide_col_tiles(ntiles, block, cols)
     ctas = call_blocks(spec, tokens, block) * ntiles // cols
     bk, zeros = WIDE_TILE["block_k"], not spec.quant.symmetric
