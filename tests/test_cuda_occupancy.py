@@ -99,7 +99,8 @@ def test_ctas_per_sm_matches_the_driver_for_every_kernel_of_a_layer():
             fn = layer.kernels[k["name"]]
             dynamic = k.get("shared_bytes", 0)
             held = ctypes.c_int(-1)
-            assert query(ctypes.byref(held), fn.ptr, k["block"], dynamic) == 0
+            function = getattr(fn, "kernel", fn)      # a RawKernel's driver function
+            assert query(ctypes.byref(held), function.ptr, k["block"], dynamic) == 0
             # barriers: ptxas's count is not in the function's attributes; at one or two a CTA
             # they bind no kernel here
             use = KernelUse(k["block"], fn.num_regs, fn.shared_size_bytes, dynamic)
