@@ -246,7 +246,7 @@ def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
     """Every example planned for `arch` (its SMs and shared memory: moegen.target) builds for
     it with nvcc: no warnings, no spills, no stack frames (sm_90a: generated/'s own plans); and
     an SM holds as many CTAs of each kernel, at ptxas's registers and shared memory, as the plan
-    counts on (its grid sized for them: planned_ctas)."""
+    counts on (its grid sized for them: planned_ctas; MoE: exactly as many)."""
     def build(name: str) -> tuple[str, str, dict]:
         folder = tmp_path / name
         folder.mkdir()
@@ -263,7 +263,11 @@ def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
             assert "warning" not in log.lower(), (name, log)
             uses = kernel_uses(plan, ptxas_stats(log))
             for kernel, planned in planned_ctas(plan).items():
-                assert ctas_per_sm(gpu, uses[kernel])[0] >= planned, (name, kernel, uses[kernel])
+                held = ctas_per_sm(gpu, uses[kernel])[0]
+                # (MoE: no fewer CTAs planned than the SM holds either; the MSD tile's register
+                # cap may leave room for more)
+                assert held == planned if "gemms" in plan else held >= planned, (
+                    name, kernel, uses[kernel], held, planned)
                 counted += 1
     assert counted
 
