@@ -15,6 +15,7 @@ from moegen.target import CUDA_ARCHS, gpu_target
 from moegen.passes.manager import PipelineError
 from moegen.targets import cpp_format
 from moegen.targets.compile import emit
+from moegen.passes.tiling.cta import wide_static_bytes
 from moegen.targets.cuda.emitter import device_headers
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from moegen.targets.cuda.occupancy import ctas_per_sm
@@ -250,8 +251,10 @@ def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
     def build(name: str) -> tuple[str, str, dict]:
         folder = tmp_path / name
         folder.mkdir()
-        files = emit(example_for(name, arch), "cuda")
+        spec = example_for(name, arch)
+        files = emit(spec, "cuda")
         plan = json.loads(files[f"{name}.launch.json"])
+        plan["zeros"] = spec.pipeline == "moe_w4a16" and not spec.quant.symmetric
         return name, nvcc_build(write_emitted(files, name, folder), folder, arch), plan
 
     gpu = gpu_target(arch)
@@ -269,6 +272,16 @@ def test_nvcc_compiles_every_example_for_each_arch(tmp_path, arch):
                 assert held == planned if "gemms" in plan else held >= planned, (
                     name, kernel, uses[kernel], held, planned)
                 counted += 1
+            # the tile pass's count of a wide CTA's static shared memory: ptxas's, and at most
+            # the 128 bytes it allows for flags more
+            for v in (v for g in plan.get("gemms", []) for v in g["variants"]):
+                if v["col_tiles"] > 1 and not v["tall"]:
+                    counted_bytes = wide_static_bytes(v["block"], v["col_tiles"], v["stages"],
+                                                      16 * v["ks"], plan["zeros"],
+                                                      v["wgmma"] and gpu.wgmma)
+                    ptxas = uses[v["kernel"]].static_shared
+                    assert 0 <= counted_bytes - ptxas <= 128, (name, v["kernel"], counted_bytes,
+                                                              ptxas)
     assert counted
 
 

@@ -132,21 +132,23 @@ def wide_decode_ctas(warps: int) -> int:
 def wide_static_bytes(block: int, col_tiles: int, stages: int, block_k: int, zeros: bool,
                       wgmma: bool) -> int:
     """Static shared memory of a wide CTA: the larger of its ring (the rows staged padded
-    (gemm_wide.cuh) or chunk-major (gemm_wgmma.cuh)) and its epilogue's fp16 output rows (64
-    columns a tile, padded by 8), and 128 bytes of flags."""
+    (gemm_wide.cuh) or, where it is built on warpgroup MMA, chunk-major (gemm_wgmma.cuh)) and
+    its epilogue's fp16 output rows (64 columns a tile, padded by 8), and 128 bytes of flags."""
     ks = block_k // 16
     rows = chunk_major_row_bytes(block, ks) if wgmma else block * (32 * ks + RING_ROW_PAD)
     ring = stages * (col_tiles * (ks * 512 + group_bytes(zeros)) + rows)
     return max(ring, col_tiles * block * (64 + 8) * 2) + 128
 
 
-def wide_resident_ctas(warps: int, static_bytes: int, gpu: GpuTarget) -> int:
-    """CTAs an SM of a capped wide CTA of `warps` warps holds, which its K split is sized for:
-    wide_decode_ctas (its register cap), fewer where the SM's shared memory holds fewer CTAs of
-    `static_bytes` (wide_static_bytes; 3 of a 4-tile ring of ~29 KB where the SM has 100 KB:
-    sm_86, sm_89, sm_120, whose registers stay capped for 4: at 3, 168 registers, Mixtral's down
-    kernel spills)."""
-    return max(1, min(wide_decode_ctas(warps), gpu.ctas_by_shared(static_bytes)))
+def wide_resident_ctas(gpu: GpuTarget, block: int, col_tiles: int, warps: int, stages: int,
+                       block_k: int, zeros: bool, wgmma: bool) -> int:
+    """CTAs an SM holds of a capped wide CTA (`warps` warps, its ring of `stages` x block_k,
+    on warpgroup MMA where `wgmma` and the GPU has it), which its K split is sized for:
+    wide_decode_ctas (its register cap), fewer where the SM's shared memory holds fewer CTAs
+    of its wide_static_bytes (3 of ~29 KB where the SM has 100 KB: sm_86, sm_89, sm_120, whose
+    registers stay capped for 4: at 3, 168 registers, Mixtral's down kernel spills)."""
+    static = wide_static_bytes(block, col_tiles, stages, block_k, zeros, wgmma and gpu.wgmma)
+    return max(1, min(wide_decode_ctas(warps), gpu.ctas_by_shared(static)))
 
 
 def wide_split_fill_ctas(resident: int, gpu: GpuTarget) -> int:

@@ -7,8 +7,7 @@ from ..base import PipelineError
 from .cta import (DECODE_CTA_STEPS, GEMM_TILE, TALL_TILE, WGMMA_TILE, WIDE_BLOCKS, WIDE_COL_TILES,
                   WIDE_TILE, decode_split_k, doubled_split, gemm_stages, one_token_routing_bytes,
                   splits_evenly, tall_block_k, tall_fits, tall_stages, wgmma_fits, wide_col_tiles,
-                  wide_decode_ctas, wide_epilogue_fits, wide_resident_ctas, wide_stages,
-                  wide_static_bytes)
+                  wide_decode_ctas, wide_epilogue_fits, wide_resident_ctas, wide_stages)
 from .moe_buckets import (DECODE_MAX_TOKENS, SINGLE_TOKEN_WARPS, bucket_floor, call_blocks,
                           prefill_short, starts_with_single_token_bucket, wide_decode_bucket)
 from .msd import fit_warps
@@ -205,8 +204,8 @@ class GemmTiling:
                    ring: tuple[int, int, bool]) -> int:
         """CTAs an SM holds of the capped wide CTA with `ring` (_wide_ring)."""
         bk, stages, wg = ring
-        return wide_resident_ctas(cols * block // rows, wide_static_bytes(
-            block, cols, stages, bk, not spec.quant.symmetric, wg), self.gpu)
+        return wide_resident_ctas(self.gpu, block, cols, cols * block // rows, stages, bk,
+                                  not spec.quant.symmetric, wg)
 
     def _wide_decode_split(self, spec, k_dim: int, tiles: int, fixed: int | None, ctas: int,
                            short_k: bool = True) -> int:

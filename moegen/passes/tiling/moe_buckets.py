@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...tile_model import TALL_BLOCK
 from ...target import GpuTarget
 from .cta import (GEMM_TILE, WIDE_BLOCKS, WIDE_TILE, tall_fits, wgmma_fits, wide_col_tiles,
-                  wide_resident_ctas, wide_stages, wide_static_bytes)
+                  wide_resident_ctas, wide_stages)
 
 
 DECODE_MAX_TOKENS = 64     # bucket edge: T <= 64 is decode-sized
@@ -157,9 +157,9 @@ def wide_call_ctas(spec, gpu: GpuTarget, tokens: int, block: int, ntiles: int, c
     ctas = call_blocks(spec, tokens, block) * ntiles // cols
     bk, zeros = WIDE_TILE["block_k"], not spec.quant.symmetric
     stages = wide_stages(block, cols, WIDE_TILE["stages"], bk, zeros)
-    wg = gpu.wgmma and wgmma_fits(cols, rows, block, bk, stages)
-    static = wide_static_bytes(block, cols, stages, bk, zeros, wg)
-    return ctas, wide_resident_ctas(cols * block // rows, static, gpu) * gpu.sms
+    wg = wgmma_fits(cols, rows, block, bk, stages)
+    return ctas, wide_resident_ctas(gpu, block, cols, cols * block // rows, stages, bk, zeros,
+                                    wg) * gpu.sms
 
 
 def prefill_short(spec, gpu: GpuTarget, tokens: int, block: int, ntiles: int, cols: int,

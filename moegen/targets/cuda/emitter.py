@@ -15,8 +15,7 @@ from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
 from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, align_up, tall_shared_bytes,
-                                  tall_wide_block_k, wide_resident_ctas,
-                                  wide_split_fill_ctas, wide_static_bytes)
+                                  tall_wide_block_k, wide_resident_ctas, wide_split_fill_ctas)
 from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
@@ -143,8 +142,7 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
             # a capped wide CTA: the CTAs an SM holds (its split sized for them); split_many <
             # split: the kernel takes split_many K ranges in calls whose blocks fill fill_ctas
             # CTAs so, else split (call_split in the device header)
-            resident = (wide_resident_ctas(warps, wide_static_bytes(block, cols, stages, block_k,
-                                                                     zeros, wg), gpu)
+            resident = (wide_resident_ctas(gpu, block, cols, warps, stages, block_k, zeros, wg)
                         if ctas and not tall else 0)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "split_many": many, "resident_ctas": resident,

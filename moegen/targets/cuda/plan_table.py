@@ -61,6 +61,8 @@ def moe_launch_table(plan: dict) -> str:
             v = g["variants"][i]
             threads = str(v["warps"] * 32) + (f", capped for {v['ctas_per_sm']} an SM"
                                               if v["ctas_per_sm"] else "")
+            if v["resident_ctas"] and v["resident_ctas"] < v["ctas_per_sm"]:
+                threads += f" ({v['resident_ctas']} fit its shared memory)"
             # (the tall tile built without warpgroup MMA stages wide_ks k16 steps)
             ks = v["wide_ks"] if v["tall"] and plan["arch"] not in WGMMA_ARCHS else v["ks"]
             rows.append([calls, str(block), g["name"], _cta(v, plan["arch"]), _split(v),
