@@ -317,7 +317,8 @@ def test_inspect_resources_tabulates_what_each_kernel_takes():
     """`inspect --resources`: a row per kernel of the plan with ptxas's registers, spills and
     shared memory (the launch's dynamic after the static), the CTAs an SM holds at them and the
     limit that sets them, beside the CTAs the plan counts on; sm_86 (100 KB an SM): the wide
-    CTAs are held 3 an SM by their shared memory, and the plan counts on 3."""
+    CTAs are held 3 an SM by their shared memory, and the plan counts on 3 (the launch plan
+    says so beside their register cap)."""
     proc = run_moegen("inspect", "examples/msd-seed.yaml", "--resources", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("msd-seed: its kernels for sm_90a as nvcc ")
@@ -333,6 +334,10 @@ def test_inspect_resources_tabulates_what_each_kernel_takes():
     assert proc.returncode == 0, proc.stderr
     wide = [r for r in proc.stdout.splitlines() if "_c4_r32_" in r]
     assert wide and all(re.search(r" 3 +shared memory +3$", r) for r in wide), proc.stdout
+    launches = run_moegen("inspect", "examples/qwen3-30b-a3b.yaml", "--launches", "--arch",
+                          "sm_86", cwd=ROOT).stdout
+    assert all(re.search(r"capped for 4 an SM \(3 fit its shared memory\)", r)
+               for r in launches.splitlines() if "_c4_r32_" in r), launches
     for args, env, says in (
             (("--target", "ascend"), None, "--resources: the CUDA target's kernels"),
             ((), {"PATH": ""}, "--resources: nvcc (the CUDA toolkit")):
