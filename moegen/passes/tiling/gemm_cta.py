@@ -148,7 +148,9 @@ class GemmTiling:
             ring = self._wide_ring(spec, b, wide, k_dim, block, cols, rows)
             # its split sized for the CTAs an SM holds (its registers capped for 16 warps an SM:
             # 2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
-            ctas = self._wide_ctas(spec, block, cols, rows, ring)
+            bk, stages, wg = ring
+            ctas = wide_resident_ctas(self.gpu, block, cols, cols * block // rows, stages, bk,
+                                      not spec.quant.symmetric, wg)
             if not wide and cols > 1:
                 blocks = call_blocks(spec, bucket_floor(buckets, i), block)   # smallest call's
                 cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
@@ -199,13 +201,6 @@ class GemmTiling:
         wg = bool(self._pick("wgmma", b, "wgmma", WGMMA_TILE["wgmma"])) and wgmma_fits(
             cols, rows, block, bk, stages)
         return bk, stages, wg
-
-    def _wide_ctas(self, spec, block: int, cols: int, rows: int,
-                   ring: tuple[int, int, bool]) -> int:
-        """CTAs an SM holds of the capped wide CTA with `ring` (_wide_ring)."""
-        bk, stages, wg = ring
-        return wide_resident_ctas(self.gpu, block, cols, cols * block // rows, stages, bk,
-                                  not spec.quant.symmetric, wg)
 
     def _wide_decode_split(self, spec, k_dim: int, tiles: int, fixed: int | None, ctas: int,
                            short_k: bool = True) -> int:

@@ -143,7 +143,7 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
             # split: the kernel takes split_many K ranges in calls whose blocks fill fill_ctas
             # CTAs so, else split (call_split in the device header)
             resident = (wide_resident_ctas(gpu, block, cols, warps, stages, block_k, zeros, wg)
-                        if ctas and not tall else 0)
+                        if ctas else 0)
             g.variants.append({"max_tokens": edge, "block": block, "split": split,
                                "split_many": many, "resident_ctas": resident,
                                "fill_ctas": (wide_split_fill_ctas(resident, gpu)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...passes.tiling.cta import align_up
 from ...target import GpuTarget
 
 REGISTER_UNIT = 256        # registers allocated to a warp at a time
@@ -33,10 +34,6 @@ class KernelUse:
         return self.static_shared + self.dynamic_shared
 
 
-def _up(x: int, unit: int) -> int:
-    return -(-x // unit) * unit
-
-
 def ctas_per_sm(gpu: GpuTarget, use: KernelUse) -> tuple[int, str]:
     """How many CTAs of the kernel an SM of `gpu` holds, and the limit that sets it (0: the CTA
     does not fit one SM)."""
@@ -54,10 +51,10 @@ def ctas_per_sm(gpu: GpuTarget, use: KernelUse) -> tuple[int, str]:
 
 
 def _register_limit(gpu: GpuTarget, registers: int, warps: int) -> int:
-    warp_registers = _up(registers * 32, REGISTER_UNIT)
+    warp_registers = align_up(registers * 32, REGISTER_UNIT)
     # the launch check counts the CTA's warps in whole rounds of the sub-partitions
     if (registers > MAX_THREAD_REGISTERS
-            or warp_registers * _up(warps, SUB_PARTITIONS) > gpu.registers_per_sm):
+            or warp_registers * align_up(warps, SUB_PARTITIONS) > gpu.registers_per_sm):
         return 0
     if not warp_registers:
         return gpu.resident_ctas
