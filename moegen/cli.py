@@ -214,8 +214,9 @@ def cmd_bench(args) -> int:
             raise UsageError("--pass-pipeline: an msd_matmul bench times its fixed variants "
                              "(basic, preload, s4, dequant); set tile options in a tuning "
                              "database instead")
-        if args.experts is not None or args.dtype:
-            flag = "--experts" if args.experts is not None else "--dtype"
+        if args.experts is not None or args.dtype or args.versus is not None:
+            flag = ("--experts" if args.experts is not None else "--dtype" if args.dtype
+                    else "--versus")
             raise UsageError(f"{flag}: a moe_w4a16 bench option; this is an msd_matmul spec "
                              f"(fp16 activations only)")
         rows = (_token_list(args.rows, flag="--rows") if args.rows is not None
@@ -234,13 +235,24 @@ def cmd_bench(args) -> int:
     if args.dtype and args.dtype != "both":
         spec = replace(spec, dtype=args.dtype)
     if args.pack_layers is not None:
-        if args.pack_layers < 1 or args.dtype == "both":
+        if args.pack_layers < 1 or args.dtype == "both" or args.versus is not None:
             raise UsageError(f"--pack-layers {args.pack_layers}: a layer count of at least 1, "
-                             f"with one --dtype")
+                             f"with one --dtype and no --versus")
         from .targets.cuda.bench import bench_pack
         _gpu(bench_pack, spec, args.pack_layers, args.json)
         return 0
     kw = dict(tuning=tuning, pipeline=args.pass_pipeline, experts=args.experts)
+    if args.versus is not None:
+        if args.dtype == "both":
+            raise UsageError("--versus: times two pipelines with one --dtype (not both)")
+        try:        # (a bad pipeline says so before any GPU is looked for)
+            lower(spec, "cuda", args.versus)
+        except PipelineError as exc:
+            raise UsageError(f"--versus {args.versus!r}: {exc}") from None
+        from .targets.cuda.bench import bench_versus
+        _gpu(bench_versus, spec, _token_list(tokens_text), args.versus, args.json, args.reps,
+             **kw)
+        return 0
     if args.dtype == "both":
         from .targets.cuda.bench import bench_dtypes
         _gpu(bench_dtypes, spec, _token_list(tokens_text), args.json, args.reps, **kw)
@@ -448,6 +460,10 @@ def make_parser() -> argparse.ArgumentParser:
                    "and bf16, then the two side by side")
     s.add_argument("--pack-layers", type=int, metavar="N", help="moe_w4a16 specs: instead, time "
                    "packing N layers of random weights on the GPU")
+    s.add_argument("--versus", metavar="PIPELINE", help="moe_w4a16 specs: instead, time the "
+                   "layer built by PIPELINE side by side with the one above (--pass-pipeline "
+                   "or the target's), in turns on the same weights and inputs, and say whether "
+                   "their outputs are the same bits")
     s.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     s.add_argument("--reps", type=int, default=30, help="timed repetitions per point")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")

@@ -202,6 +202,24 @@ def test_bench_experts_option_is_checked_before_the_gpu():
                              "--pack-layers 0: a layer count of at least 1, with one --dtype")
 
 
+def test_bench_versus_is_checked_before_the_gpu():
+    """`bench --versus PIPELINE` times two builds side by side: a pipeline the tile pass
+    refuses (its rule named), --dtype both, --pack-layers or an msd_matmul spec fail in one
+    line, exit 2, with or without a GPU."""
+    hinted = "fuse-align,fuse-swiglu,tile{prefetch-l2=1},alloc"
+    for args, says in (
+            (("examples/mixtral-8x7b.yaml", "--versus", hinted),
+             f"--versus {hinted!r}: tile{{prefetch-l2=1}}: a call of one token reads 115.5 MB"),
+            (("examples/qwen3-30b-a3b.yaml", "--versus", "tile{moe-block=3}"), "--versus"),
+            (("examples/qwen3-30b-a3b.yaml", "--dtype", "both", "--versus", hinted),
+             "--versus: times two pipelines with one --dtype (not both)"),
+            (("examples/qwen3-30b-a3b.yaml", "--pack-layers", "2", "--versus", hinted),
+             "--pack-layers 2: a layer count of at least 1, with one --dtype and no --versus"),
+            (("examples/msd-seed.yaml", "--versus", hinted),
+             "--versus: a moe_w4a16 bench option; this is an msd_matmul spec")):
+        assert_fails_in_one_line(("bench", *args), says)
+
+
 def test_reps_budget_and_seed_are_checked_before_the_gpu():
     """`bench --reps` below 1, `autotune --budget-s` not above 0 (a sweep that would time
     nothing) and `run --seed` below 0 (numpy's generators take none) fail in one line, exit 2,

@@ -755,6 +755,93 @@ def test_nvcc_compiles_the_one_launch_layer(tmp_path, arch):
             assert "griddepcontrol" not in body
 
 
+PREFETCH = "fuse-align,fuse-swiglu,tile{prefetch-l2=1},alloc"
+
+
+def test_prefetch_l2_plan():
+    """tile{prefetch-l2=1}: a call of one token with router logits hints the L2 to fetch its
+    weights once its CTAs have routed it: every routed expert's gate/up scales (zero points)
+    and weights whole, then the down GEMM's as far as half the L2 goes (Qwen3: all of it;
+    DeepSeek: a prefix of its weights that fills the half to within a 16-byte piece an
+    expert). The byte counts are an expert's int4 values and fp16 group values. Gate/up's
+    routed kernel takes the down GEMM's buffers and calls the hints; the down GEMM's does not.
+    Off by default; an error naming the rule where the call is not routed in the GEMMs or
+    gate/up's weights alone pass the half (Mixtral)."""
+    qwen = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(qwen, "cuda")
+    assert json.loads(files["qwen3-30b-a3b.launch.json"])["prefetch_l2"] == []
+    assert "prefetch_call_weights" not in files["qwen3-30b-a3b.cu"]
+    half = gpu_target("sm_90a").l2_bytes // 2
+    for name, zeros, whole in (("qwen3-30b-a3b", False, True),
+                               ("qwen3-30b-a3b-awq", True, True),
+                               ("deepseek-v2-lite", False, False)):
+        spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
+        m, g = spec.moe, spec.quant.group_size
+        files = emit(spec, "cuda", PREFETCH)
+        regions = json.loads(files[f"{name}.launch.json"])["prefetch_l2"]
+        values = {"gate_up": (m.hidden_size, 2 * m.intermediate_size),
+                  "down": (m.intermediate_size, m.hidden_size)}
+        expect = [(gemm, buffer, k * n // 2 if buffer == "weights" else k // g * n * 2)
+                  for gemm, (k, n) in values.items()
+                  for buffer in ("scales", *(("zeros",) if zeros else ()), "weights")]
+        assert [(r["gemm"], r["buffer"], r["per_expert"]) for r in regions] == expect
+        assert all(r["hinted"] == r["per_expert"] for r in regions[:len(expect) // 2])
+        hinted = sum(r["hinted"] for r in regions) * m.top_k
+        assert hinted <= half and all(r["hinted"] % 16 == 0 for r in regions)
+        down = regions[-1]
+        assert (down["hinted"] == down["per_expert"]) == whole
+        if not whole:
+            assert 0 < down["hinted"] and half - hinted < 16 * m.top_k
+        source = files[f"{name}.cu"]
+        for r in regions:
+            assert re.search(rf"prefetch_experts_l2<TOPK>\(\w+, {r['per_expert']}, "
+                             rf"{r['hinted']}, experts", source), r
+        assert "prefetch_l2 = true" in files["ir/03-tile.mir"]
+        routed = {m_.group(1): m_.group(2) for m_ in re.finditer(
+            r"(moe_gemm_\w+_routed)\((.*?)\n}\n", source, re.S)}
+        assert len(routed) == 2
+        for kernel, body in routed.items():
+            assert ("down_w" in body and "prefetch_call_weights(" in body) == ("gate_up" in kernel)
+    for pipeline, rule in (
+            ("fuse-align,fuse-swiglu,tile{prefetch-l2=1,route-in-gemm=0},alloc",
+             r"not routed in the GEMMs"),):
+        with pytest.raises(PipelineError, match=r"tile\{prefetch-l2=1\}: .*" + rule):
+            emit(qwen, "cuda", pipeline)
+    mixtral = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
+    with pytest.raises(PipelineError, match=r"tile\{prefetch-l2=1\}: a call of one token reads "
+                                            r"115\.5 MB of gate/up .* sm_90a L2 \(25 MB\)"):
+        emit(mixtral, "cuda", PREFETCH)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvcc_compiles_the_l2_hints(tmp_path, arch):
+    """With prefetch-l2 (and the one launch beside it) the routed gate/up kernel and
+    moe_one_token build without warnings, spills or stack, and hint the L2: one bulk prefetch
+    a piece on sm_90a, a line prefetch on sm_80; the down GEMM's routed kernel hints nothing."""
+    for name in ("qwen3-30b-a3b", "qwen3-30b-a3b-awq"):
+        folder = tmp_path / name
+        folder.mkdir()
+        spec = example_for(name, arch)
+        src = write_emitted(emit(spec, "cuda", "fuse-align,fuse-swiglu,"
+                                               "tile{prefetch-l2=1,one-launch=1},alloc"),
+                            name, folder)
+        log = nvcc_build(src, folder, arch)
+        assert_no_spills(log)
+        assert "warning" not in log.lower(), (name, log)
+        ptx_path = folder / "k.ptx"
+        proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
+                               str(ptx_path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        hint = ("cp.async.bulk.prefetch.L2.global" if arch == "sm_90a" else
+                "prefetch.global.L2")
+        bodies = ptx_entries(ptx_path.read_text())
+        for kernel, body in bodies.items():
+            hints = kernel == "moe_one_token" or (kernel.endswith("_routed")
+                                                   and "gate_up" in kernel)
+            assert (hint in body) == hints, (name, kernel)
+
+
 def test_named_template_arguments_match_the_header():
     """Each GEMM call's template arguments carry their parameter's name (/*NAME=*/value): the
     names of every call in the examples' sources, and of the dequant lowering's, are the

@@ -298,6 +298,54 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
     return rows
 
 
+def bench_versus(spec, tokens: list[int], versus: str, json_path: str | None = None,
+                 reps: int = 30, rounds: int = 3, log=print, tuning="auto",
+                 pipeline: str | None = None, experts: int | None = None) -> list[dict]:
+    """Two builds of one spec's layer side by side: A, built by `pipeline` (the target's where
+    None), and B, built by `versus`, on the same weights and inputs; per token count each is
+    timed `rounds` times in turns (A, B, A, B, ...: a drift of the GPU's clock or temperature
+    falls on both), each a median of `reps` as `bench_moe` times it. Reports the medians, B's
+    median of them over A's, and whether the two outputs are the same bits."""
+    cp = get_cupy()
+    spec = load_spec(spec)
+    check_experts(spec, experts)
+    layers = [MoeW4A16(spec, pipeline=p, tuning=tuning) for p in (pipeline, versus)]
+    weights = random_packed(cp, layers[0])
+    rng = np.random.default_rng(0)
+    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    names = [layer.plan["passes"] for layer in layers]
+    log(f"{spec.name} on {device}; A: {names[0]}; B: {names[1]}; {rounds} rounds in turns, "
+        f"each the median of {reps}")
+    log(f"{'T':>6} {'A us':>24} {'B us':>24} {'B / A':>6} {'bits':>6}")
+    rows = []
+    for t in tokens:
+        if t > spec.tokens.max:
+            log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
+            continue
+        x = to_activation(cp, cp.asarray(rng.standard_normal((t, spec.moe.hidden_size))),
+                          spec.dtype)
+        logits = cp.asarray(confine_routing(
+            rng.standard_normal((t, spec.moe.num_experts)).astype(np.float32), experts))
+        outs = [cp.asnumpy(layer(x, logits, weights)).view(np.uint16) for layer in layers]
+        same = bool(np.array_equal(outs[0], outs[1]))
+        times = [[], []]
+        for _ in range(rounds):
+            for taken, layer in zip(times, layers):
+                taken.append(time_call(cp, lambda lay=layer: lay(x, logits, weights), reps))
+        a, b = (statistics.median(taken) for taken in times)
+        rows.append({"tokens": t, "a_us": times[0], "b_us": times[1], "b_over_a": b / a,
+                     "same_bits": same})
+        log(f"{t:>6} {' '.join(f'{v:.1f}' for v in times[0]):>24} "
+            f"{' '.join(f'{v:.1f}' for v in times[1]):>24} {b / a:>6.3f} "
+            f"{'same' if same else 'differ':>6}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"spec": spec.name, "device": device, "a": names[0], "b": names[1],
+                       "routed_among": experts or spec.moe.num_experts, "rows": rows}, f,
+                      indent=2)
+    return rows
+
+
 def bench_dtypes(spec, tokens: list[int], json_path: str | None = None, reps: int = 30,
                  log=print, **kw) -> dict[str, list[dict]]:
     """`bench_moe` with fp16 activations, then bf16 (the spec's other keys as they are), then
