@@ -133,11 +133,12 @@ __device__ __forceinline__ void cp_async_ca_zfill(void* dst, const void* src, un
 // goes on: one bulk prefetch (the TMA unit walks it) on sm_90 and later, else one prefetch a
 // 128-byte line.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+  const size_t global = __cvta_generic_to_global(p);  // (the instructions take .global addresses)
 #if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
 #else
   for (unsigned at = 0; at < bytes; at += 128)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p) + at) : "memory");
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global + at) : "memory");
 #endif
 }
 
