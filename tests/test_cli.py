@@ -293,7 +293,8 @@ def test_passes_lists_every_pass_and_its_options():
 
 def test_inspect_launches_tabulates_the_launch_plan():
     """`inspect --launches`: a row per token bucket and GEMM with the kernel the launch plan
-    names, its CTA, split, ring, threads and launch, and where the top-k sum runs; `--arch`
+    names, its CTA, split, ring, threads and launch, where the top-k sum runs, and a line each
+    for the one launch and the L2 hints of a call of one token where planned; `--arch`
     plans for another GPU (sm_80: no tall bucket, no warpgroup MMA, no PDL); MSD: its kernels
     and rotating slots; the Ascend target has no launch plan (one line, exit 2)."""
     import json
@@ -321,6 +322,15 @@ def test_inspect_launches_tabulates_the_launch_plan():
     assert "\ntop-k sum: its own kernel, after the down GEMM\n" in proc.stdout
     assert not re.search(r"wgmma|PDL|tall", proc.stdout.split("\n", 3)[3])
     assert "T = 65..8192" in proc.stdout
+    assert "one launch" not in out and "hint the L2" not in out
+    proc = run_moegen("inspect", "examples/deepseek-v2-lite.yaml", "--launches",
+                      "--pass-pipeline", "fuse-align,fuse-swiglu,"
+                      "tile{one-launch=1,prefetch-l2=1},alloc", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "\nT = 1 with router logits: one launch, moe_one_token (" in proc.stdout
+    assert ("\nT = 1 with router logits: once routed, its CTAs hint the L2 to fetch the routed "
+            "experts' weights and scales: gate/up 17.0 of 17.0 MB, down 8.0 of 8.5 MB\n"
+            in proc.stdout)
     proc = run_moegen("inspect", "examples/msd-seed.yaml", "--launches", cwd=ROOT)
     assert re.search(r"msd_matmul_preload +96 x 8 x 1 +128 +\d+ +a_max 2, a_unfold 3, y_int 2",
                      proc.stdout), proc.stdout

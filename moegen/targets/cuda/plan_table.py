@@ -38,6 +38,25 @@ def table_rows(head: list[str], rows: list[list[str]]) -> list[str]:
         fmt.format(*r).rstrip() for r in rows]
 
 
+def _one_token_lines(plan: dict) -> list[str]:
+    """What a plan's call of one token with router logits does besides its routed kernels:
+    the one launch (tile{one-launch=1}) and the L2 hints (tile{prefetch-l2=1}), each a line."""
+    lines = []
+    if plan.get("one_launch"):
+        lines.append("T = 1 with router logits: one launch, moe_one_token (both GEMMs' CTAs in "
+                     "one grid, the top-k sum in the down GEMM's)")
+    regions = plan.get("prefetch_l2") or []
+    if regions:
+        top_k, mb = plan["sizes"]["top_k"], 2 ** 20
+        per_gemm = {g: [r for r in regions if r["gemm"] == g] for g in ("gate_up", "down")}
+        parts = [f"{name} {sum(r['hinted'] for r in rs) * top_k / mb:.1f} of "
+                 f"{sum(r['per_expert'] for r in rs) * top_k / mb:.1f} MB"
+                 for name, rs in (("gate/up", per_gemm["gate_up"]), ("down", per_gemm["down"]))]
+        lines.append("T = 1 with router logits: once routed, its CTAs hint the L2 to fetch the "
+                     f"routed experts' weights and scales: {', '.join(parts)}")
+    return lines
+
+
 def moe_launch_table(plan: dict) -> str:
     """Per token bucket and GEMM of an MoE plan: the calls it serves, the moe block, the CTA,
     the K split, the copy ring, the threads (and the register cap), the launch, the kernel."""
@@ -51,7 +70,8 @@ def moe_launch_table(plan: dict) -> str:
              + f"; workspace {plan['workspace']['bytes'] / 2 ** 20:.1f} MiB",
              "top-k sum: " + ("in the down GEMM's epilogue" if plan["gemms"][-1]["sum_topk"]
                               else "its own kernel, after the down GEMM"
-                              + (" (PDL)" if arch_has_pdl(plan["arch"]) else "")), ""]
+                              + (" (PDL)" if arch_has_pdl(plan["arch"]) else "")),
+             *_one_token_lines(plan), ""]
     head = ["calls", "block", "GEMM", "CTA", "K split", "ring", "threads", "launch", "kernel"]
     rows = []
     floor = 1
