@@ -139,8 +139,10 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 // LANES_PER_ROW = 4 adjacent chunks (64 bytes, whole sectors) of each of 8 rows (2 of 16 rows
 // where a stage holds one k16 step). A chunk column is BLOCK rows and 16 bytes of padding long,
 // so that the adjacent chunks of a row, which one copy fetches together, land on different banks
-// (2-5% faster at prefill sizes on the H200: docs/DESIGN.md). Padding rows copy 0 bytes and
-// zero-fill (copying the first row in their place was 2-4x slower).
+// (2-5% faster at prefill sizes on the H200: docs/DESIGN.md). Padding rows copy nothing: what
+// their place holds (an earlier stage's rows, or whatever shared memory held) reaches only their
+// own output rows, which the epilogues never write (a block row is a column of the MMA's B and
+// of its result).
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
@@ -180,11 +182,11 @@ struct ChunkMajorRows {
   __device__ __forceinline__ static unsigned offset(int q) {
     return part_of(chunk(q)) * COLUMN_BYTES + 16 * row_of(chunk(q));
   }
-  // copy k16 steps step .. step + KS - 1 into a stage's rows at `dst`
+  // copy k16 steps step .. step + KS - 1 of the rows that hold slots into a stage's rows at `dst`
   __device__ __forceinline__ void copy(unsigned char* dst, int step) const {
 #pragma unroll
     for (int q = 0; q < COPIES; ++q)
-      if (copies(q)) cp_async16_zfill(dst + offset(q), row[q] + step * 16, bytes[q]);
+      if (copies(q) && bytes[q]) cp_async16(dst + offset(q), row[q] + step * 16);
   }
 };
 
@@ -295,9 +297,8 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     if constexpr (PIN_ADDRESSES) {
 #pragma unroll
       for (int q = 0; q < A_COPIES; ++q)
-        if (BlockRows::copies(q))
-          cp_async16_zfill_at(row_dst[q] + (i % STAGES) * STAGE_BYTES,
-                              block_rows.row[q] + step * 16, block_rows.bytes[q]);
+        if (BlockRows::copies(q) && block_rows.bytes[q])  // (padding rows: nothing)
+          cp_async16_at(row_dst[q] + (i % STAGES) * STAGE_BYTES, block_rows.row[q] + step * 16);
     } else {
       block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, step);
     }
