@@ -7,15 +7,14 @@ table's entry for its architecture with the SM count the device reports (`from_d
 
 Figures are the vendors' published limits (CUDA C Programming Guide, "Compute Capabilities",
 the architecture whitepapers, and for CTA and barrier slots the CUDA toolkit's occupancy
-calculator, cuda_occupancy.h). `sms` and `l2_bytes` are the table's reference part's (the L2
-as the device reports it, cudaDevAttrL2CacheSize); the others are the architecture's own.
+calculator, cuda_occupancy.h). `sms` is the table's reference part for the architecture;
+the others are the architecture's own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 KB = 1024
-MB = 1024 * KB
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,6 @@ class GpuTarget:
     sms: int                  # streaming multiprocessors
     shared_per_sm: int        # bytes of shared memory an SM can give its CTAs
     shared_per_cta: int       # bytes a CTA may opt in to (its static and dynamic together)
-    l2_bytes: int             # the L2 cache
     static_shared: int = 48 * KB       # bytes a CTA may declare without opting in
     cta_reserved_shared: int = 1 * KB  # bytes each resident CTA takes besides its own
     registers_per_sm: int = 65536      # 32-bit registers
@@ -50,20 +48,19 @@ class GpuTarget:
 
 
 KNOWN_TARGETS: dict[str, GpuTarget] = {t.arch: t for t in (
-    GpuTarget("sm_80", "A100 SXM", 108, 164 * KB, 163 * KB, 40 * MB),
-    GpuTarget("sm_86", "A10", 72, 100 * KB, 99 * KB, 6 * MB, threads_per_sm=1536,
+    GpuTarget("sm_80", "A100 SXM", 108, 164 * KB, 163 * KB),
+    GpuTarget("sm_86", "A10", 72, 100 * KB, 99 * KB, threads_per_sm=1536, resident_ctas=16,
+              barriers_per_cta_slot=1),
+    GpuTarget("sm_87", "Jetson AGX Orin", 16, 164 * KB, 163 * KB, threads_per_sm=1536,
               resident_ctas=16, barriers_per_cta_slot=1),
-    GpuTarget("sm_87", "Jetson AGX Orin", 16, 164 * KB, 163 * KB, 4 * MB, threads_per_sm=1536,
-              resident_ctas=16, barriers_per_cta_slot=1),
-    GpuTarget("sm_89", "L40S", 142, 100 * KB, 99 * KB, 96 * MB, threads_per_sm=1536,
-              resident_ctas=24, barriers_per_cta_slot=1),
-    GpuTarget("sm_90", "H100 SXM / H200", 132, 228 * KB, 227 * KB, 50 * MB, tma=True, pdl=True),
-    GpuTarget("sm_90a", "H100 SXM / H200", 132, 228 * KB, 227 * KB, 50 * MB, wgmma=True,
-              tma=True, pdl=True),
-    GpuTarget("sm_100a", "B200", 148, 228 * KB, 227 * KB, 126 * MB, tma=True, pdl=True),
-    GpuTarget("sm_120", "RTX PRO 6000 Blackwell", 188, 100 * KB, 99 * KB, 128 * MB,
-              threads_per_sm=1536, resident_ctas=24, barriers_per_cta_slot=1, tma=True,
+    GpuTarget("sm_89", "L40S", 142, 100 * KB, 99 * KB, threads_per_sm=1536, resident_ctas=24,
+              barriers_per_cta_slot=1),
+    GpuTarget("sm_90", "H100 SXM / H200", 132, 228 * KB, 227 * KB, tma=True, pdl=True),
+    GpuTarget("sm_90a", "H100 SXM / H200", 132, 228 * KB, 227 * KB, wgmma=True, tma=True,
               pdl=True),
+    GpuTarget("sm_100a", "B200", 148, 228 * KB, 227 * KB, tma=True, pdl=True),
+    GpuTarget("sm_120", "RTX PRO 6000 Blackwell", 188, 100 * KB, 99 * KB, threads_per_sm=1536,
+              resident_ctas=24, barriers_per_cta_slot=1, tma=True, pdl=True),
 )}
 CUDA_ARCHS = tuple(KNOWN_TARGETS)
 

@@ -670,54 +670,18 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
         assert_graph_replays(rng, lay, host_w, packed, t=1, pushes=(0.0, 30.0))
 
 
-HINTED = "fuse-align,fuse-swiglu,tile{prefetch-l2=1%s},alloc"
-
-
-@pytest.mark.parametrize("shape,symmetric", [((2048, 768, 128, 8), True),
-                                             ((1024, 512, 60, 6), True),
-                                             ((2048, 768, 128, 8), False)])
-def test_l2_hints_change_no_bit(rng, shape, symmetric):
-    """tile{prefetch-l2=1}: the CTAs of a call of one token with router logits hint the L2 to
-    fetch its weights once routed (gate/up's routed kernel, the down GEMM's buffers too; or the
-    one launch). A hint changes no value: the output is bit for bit the layer's without them,
-    three launches and one, zero points too, and the reference's; in a graph too."""
-    h, i, e, k = shape
-    spec = moegen.load_spec(moe_spec(h, i, e, k, symmetric=symmetric))
-    layer = layer_for(spec)
-    hinted = layer_for(spec, pipeline=HINTED % "")
-    one = layer_for(spec, pipeline=HINTED % ",one-launch=1")
-    assert hinted.prefetch_l2 and one.prefetch_l2 and not layer.prefetch_l2
-    assert one.one_launch is not None and hinted.one_launch is None
-    w13, w2 = R.random_moe_weights(rng, spec)
-    packed = layer.pack(w13, w2)
-    for _ in range(3):
-        x = cp.asarray(rng.standard_normal((1, h)).astype(np.float16))
-        logits = cp.asarray(rng.standard_normal((1, e)).astype(np.float32))
-        outs = []
-        for lay in (layer, hinted, one, hinted):
-            lay.out.fill(POISON)
-            outs.append(cp.asnumpy(lay(x, logits, packed)).view(np.uint16))
-        assert all(np.array_equal(outs[0], o) for o in outs[1:])
-        ids, w = R.topk_softmax(cp.asnumpy(logits), k, spec.moe.renormalize)
-        want = R.moe_w4a16_weights(cp.asnumpy(x), ids, w, w13, w2, spec.quant.group_size)
-        assert rel_err(outs[1].view(np.float16), want) <= 2e-3
-    if symmetric:
-        host_w = (w13.q, w13.scales, w2.q, w2.scales)
-        for lay in (hinted, one):
-            assert_graph_replays(rng, lay, host_w, packed, t=1, pushes=(0.0, 30.0))
-
-
 def test_bench_versus_times_two_builds(tmp_path):
-    """`moegen bench --versus`: the default build and the L2-hinting one in turns, per token
-    count a time of each per round, their ratio, and the same bits (the hints change none); the
+    """`moegen bench --versus`: the default build and one that routes a call of one token in
+    the align kernel (route-in-gemm=0) in turns, per token count a time of each per round,
+    their ratio, and the same bits (the two routings are bit for bit one another's); the
     SwiGLU kernel apart (its inputs rounded to fp16 first) gives different bits; the JSON holds
     the rows."""
     from moegen.targets.cuda.bench import bench_versus
     spec = moe_spec(2048, 768, 128, 8, tokens_max=64)
     lines = []
     out = tmp_path / "versus.json"
-    rows = bench_versus(spec, [1, 3, 100], HINTED % "", json_path=str(out), reps=3, rounds=2,
-                        log=lines.append)
+    rows = bench_versus(spec, [1, 3, 100], "fuse-align,fuse-swiglu,tile{route-in-gemm=0},alloc",
+                        json_path=str(out), reps=3, rounds=2, log=lines.append)
     assert [r["tokens"] for r in rows] == [1, 3]
     assert all(len(r["a_us"]) == len(r["b_us"]) == 2 and r["same_bits"] for r in rows)
     assert all(0 < v for r in rows for v in r["a_us"] + r["b_us"])

@@ -131,8 +131,6 @@ VERIFY_RULES = [
     ("moe", "{k = K, renormalize = true}", "{renormalize = true}", "attribute 'k' is required"),
     ("moe", "{k = K, renormalize = true}", "{k = K, renormalize = true, one_launch = true}",
      "one_launch needs gemm_route"),
-    ("moe", "{k = K, renormalize = true}", "{k = K, renormalize = true, prefetch_l2 = true}",
-     "prefetch_l2 needs gemm_route"),
     ("moe", "{block = B} :", "{block = 0} :", "attribute block = 0 must be >= 1"),
     ("moe", "{block = B} :", "{block = B, block_buckets = [[64, 8], [8, 16]]} :", "ascend in max_tokens"),
     ("moe", "{block = B} :", "{block = B, block_buckets = [[64, 32]]} :", "every bucket's block"),

@@ -93,11 +93,7 @@ MoE (`moe_w4a16`):
   first-bucket kernels in one grid (the emitter's moe_one_token), where both are K-split CTAs
   of one block and warp count, gate/up ends in SwiGLU and the spec has no act-order (an error
   where asked otherwise). Measured on the H200 it is slower than the three launches it
-  replaces (Qwen3-30B-A3B 23.6 against 18.4 us; docs/DESIGN.md). ``prefetch_l2``
-  (``prefetch-l2=1``; off by default, not yet measured): that call's CTAs, once they have
-  routed the token, hint the L2 to fetch every routed expert's weights, gate/up's whole and
-  then down's as far as PREFETCH_L2_SHARE of the GPU's L2 goes (one_token_prefetch), where
-  the call is routed in the GEMMs and gate/up's weights fit that share (an error otherwise).
+  replaces (Qwen3-30B-A3B 23.6 against 18.4 us; docs/DESIGN.md).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -196,13 +192,6 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
                                      "in the down GEMM's epilogue; routed in the GEMMs); 0 (the "
                                      "default, faster as measured) three",
                              choices=(0, 1), minimum=0),
-        "prefetch-l2": Option(int, 0, "MoE: 1 has a call of one token with router logits "
-                                      "hint the L2 to fetch its weights (every routed "
-                                      "expert's, gate/up's, then down's as far as half the L2 "
-                                      "holds) as soon as its CTAs have routed it (routed in "
-                                      "the GEMMs); 0 (the default: not yet measured) leaves "
-                                      "the copy rings to fetch them",
-                              choices=(0, 1), minimum=0),
     }
 
     def apply(self, module: Module, ctx: Context) -> None:

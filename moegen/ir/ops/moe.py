@@ -58,9 +58,8 @@ class TopkSoftmaxOp(Op):
 
     Kernel choices (the tile pass records them): router, how a warp finds each of the k;
     align_tokens, up to how many tokens the routing runs inside the align kernel's CTA; and
-    gemm_route, whether a call of one token is routed inside the GEMMs' CTAs instead;
-    one_launch, whether that call runs both GEMMs' CTAs in one grid; and prefetch_l2, whether
-    its CTAs hint the L2 to fetch its weights once they have routed it."""
+    gemm_route, whether a call of one token is routed inside the GEMMs' CTAs instead; and
+    one_launch, whether that call runs both GEMMs' CTAs in one grid."""
     NAME = "moe.topk_softmax"
     OPERANDS = ("logits",)
     RESULTS = ("ids", "weights")
@@ -68,8 +67,7 @@ class TopkSoftmaxOp(Op):
              "router": Attr("str", ROUTERS[0], choice=True),
              "align_tokens": Attr("int", 0, choice=True),
              "gemm_route": Attr("bool", False, choice=True),
-             "one_launch": Attr("bool", False, choice=True),
-             "prefetch_l2": Attr("bool", False, choice=True)}
+             "one_launch": Attr("bool", False, choice=True)}
 
     def verify(self):
         logits = self.tensor(self.operands[0], "logits", "f32", 2)
@@ -87,8 +85,6 @@ class TopkSoftmaxOp(Op):
         self.check(self.attr("align_tokens") >= 0, "attribute align_tokens must be >= 0")
         self.check(not self.attr("one_launch") or self.attr("gemm_route"),
                    "attribute one_launch needs gemm_route (the one launch routes in the GEMMs)")
-        self.check(not self.attr("prefetch_l2") or self.attr("gemm_route"),
-                   "attribute prefetch_l2 needs gemm_route (the GEMMs' CTAs route the call)")
 
 
 class CountOp(Op):

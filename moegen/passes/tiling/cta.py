@@ -225,38 +225,6 @@ def one_token_routing_bytes(top_k: int, block: int) -> int:
     return align_up(8 * top_k * block + 4 * top_k + 4, 1024) + 1024
 
 
-# A call of one token hints the L2 to fetch its weights (prefetch-l2) up to this share of the
-# GPU's L2 (not measured: the rest is left to what the call writes and what was there before)
-PREFETCH_L2_SHARE = 0.5
-
-
-def packed_expert_bytes(k_dim: int, n: int, group: int) -> tuple[int, int]:
-    """An expert's weight [K, N] in the kernels' packed layout: (bytes of its int4 words, 512 a
-    k16 step of a 64-column tile; bytes of its group scales, 128 a group of a tile; its zero
-    points, where it has them, take as many as its scales)."""
-    tiles = -(-n // 64)
-    return k_dim // 16 * tiles * 512, k_dim // group * tiles * SCALE_BYTES
-
-
-def one_token_prefetch(top_k: int, shapes: list[tuple[int, int]], group: int, zeros: bool,
-                       gpu: GpuTarget) -> list[dict]:
-    """What a call of one token hints the L2 to fetch (prefetch-l2), in that order: for each
-    GEMM (`shapes`: gate/up's then down's [K, N]) its scales, zero points (`zeros`) and weights,
-    `per_expert` bytes each in the packed layout, of which the first `hinted` of every routed
-    expert, as far as the call's total stays within PREFETCH_L2_SHARE of the GPU's L2."""
-    budget = int(gpu.l2_bytes * PREFETCH_L2_SHARE)
-    regions = []
-    for gemm, (k_dim, n) in zip(("gate_up", "down"), shapes):
-        words, groups = packed_expert_bytes(k_dim, n, group)
-        for buffer, per_expert in (("scales", groups), *((("zeros", groups),) if zeros else ()),
-                                   ("weights", words)):
-            hinted = max(0, min(per_expert, budget // top_k // 16 * 16))
-            budget -= hinted * top_k
-            regions.append({"gemm": gemm, "buffer": buffer, "per_expert": per_expert,
-                            "hinted": hinted})
-    return regions
-
-
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: int = 0,
                 zeros: bool = False) -> int:
     """Copy-ring stages per warp for a moe block: `most`, fewer where the CTA's rings (one per

@@ -6,8 +6,8 @@ from __future__ import annotations
 from ...build import MOE_BLOCK_CHOICES
 from ...ir import Module
 from ..base import Context, PipelineError
-from .cta import (ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFETCH_L2_SHARE, PREFILL_SPLITS,
-                  ROUTE_ALIGN_MAX_TOKENS, ROUTE_ALIGN_SLOTS, one_token_prefetch)
+from .cta import (ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFILL_SPLITS, ROUTE_ALIGN_MAX_TOKENS,
+                  ROUTE_ALIGN_SLOTS)
 from ...tile_model import TALL_BLOCK, TunedBucket
 from .moe_buckets import moe_buckets
 
@@ -78,7 +78,6 @@ class MoeTiling:
                                                    tuned_buckets)
         self._first_bucket_routes(module)
         self._one_launch(module, spec)
-        self._prefetch_l2(module, spec)
 
     def _first_bucket_routes(self, module: Module) -> None:
         """One token is routed inside the GEMMs only where both run the K-split CTA in their
@@ -123,36 +122,6 @@ class MoeTiling:
         if rule:
             raise PipelineError(f"tile{{one-launch=1}}: {rule}")
         router.attrs["one_launch"] = True
-
-    def _prefetch_l2(self, module: Module, spec) -> None:
-        """prefetch-l2=1: a call of one token with router logits hints the L2 to fetch its
-        weights once its CTAs have routed it, where that call is routed in the GEMMs and every
-        routed expert's gate/up weights fit the share of the GPU's L2 the hints may take
-        (one_token_prefetch); an error naming the rule elsewhere."""
-        fn = module.function()
-        router = next((op for op in fn.walk() if op.NAME == "moe.topk_softmax"), None)
-        if router is None or not self.option("prefetch-l2"):
-            return
-        if not router.attr("gemm_route"):
-            raise PipelineError("tile{prefetch-l2=1}: a call of one token is not routed in the "
-                                "GEMMs here (route-in-gemm): nothing knows its experts before "
-                                "the GEMMs start")
-        gemms = sorted((op for op in fn.walk() if op.NAME == "moe.grouped_gemm_w4a16"),
-                       key=lambda op: bool(op.attr("mul_topk_weights")))   # gate/up first
-        shapes = [(op.operands[0].type.shape[1].value, op.operands[1].type.shape[2].value)
-                  for op in gemms]
-        regions = one_token_prefetch(spec.moe.top_k, shapes, spec.quant.group_size,
-                                     not spec.quant.symmetric, self.gpu)
-        gate_up = [r for r in regions if r["gemm"] == "gate_up"]
-        if any(r["hinted"] < r["per_expert"] for r in gate_up):
-            mb = 1 << 20
-            need = sum(r["per_expert"] for r in gate_up) * spec.moe.top_k
-            raise PipelineError(
-                f"tile{{prefetch-l2=1}}: a call of one token reads {need / mb:.1f} MB of gate/up "
-                f"weights and scales, more than {PREFETCH_L2_SHARE:.0%} of the "
-                f"{self.gpu.arch} L2 ({self.gpu.l2_bytes * PREFETCH_L2_SHARE / mb:.0f} MB) "
-                f"that the hints may fill")
-        router.attrs["prefetch_l2"] = True
 
     # a tuning entry's config (MoeConfig): the option whose values each field must take
     # (wide_decode takes wgmma's, 0 or 1)

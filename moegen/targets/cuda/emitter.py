@@ -14,9 +14,8 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
-from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, align_up, one_token_prefetch,
-                                  tall_shared_bytes, tall_wide_block_k, wide_resident_ctas,
-                                  wide_split_fill_ctas)
+from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, align_up, tall_shared_bytes,
+                                  tall_wide_block_k, wide_resident_ctas, wide_split_fill_ctas)
 from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
@@ -277,12 +276,6 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
     fused = gemms[0].epilogue == EPILOGUES.index("swiglu")
     summed = gemms[1].sum_topk > 0
     one_launch = _one_launch(spec, gemms, bool(router.attr("one_launch")))
-    # a call of one token hints the L2 to fetch its weights once routed (the tile pass's
-    # prefetch-l2): what of each buffer, in the order hinted
-    prefetch = (one_token_prefetch(m.top_k, [(g.kdim, g.n) for g in gemms],
-                                   spec.quant.group_size, zeros,
-                                   gpu or gpu_target(arch or spec.cuda_arch))
-                if router.attr("prefetch_l2") else None)
     # buckets that share a block and split share a kernel: define each kernel once
     unique = [{**g.__dict__, "variants": list({v["kernel"]: v for v in g.variants}.values())}
               for g in gemms]
@@ -295,7 +288,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
                     gemm_route=gemm_route, bf16=spec.dtype == "bfloat16", zero_points=zeros,
-                    act_order=act_order, one_launch=one_launch, prefetch=prefetch)
+                    act_order=act_order, one_launch=one_launch)
 
     workspace, state = _workspace(spec, module, gemms, summed, one_launch)
     first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
@@ -330,9 +323,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                "grid": [max_blocks(1, m.top_k, m.num_experts, g.variants[0]["block"]), g.ntiles,
                         g.variants[0]["split"]],
                "block": g.variants[0]["warps"] * 32, "reads": g.a, "writes": g.out,
-               "when": "T = 1 with router logits: each CTA routes the token itself"
-                       + (", then hints the L2 to fetch the call's weights"
-                          if prefetch and g.name == "gate_up" else ""),
+               "when": "T = 1 with router logits: each CTA routes the token itself",
                **({"launch": "programmatic dependent (sm_90 and later)"}
                   if g.name == "down" and g.variants[0]["follows_from"] is not None else {})}
               for g in gemms if g.variants[0]["route_kernel"]],
@@ -362,9 +353,6 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
         "route_align_max_tokens": fused_tokens,
         "gemm_route": gemm_route,
         "one_launch": one_launch is not None,
-        # T = 1 with router logits: the L2 hints of gate/up's routed kernel (which then takes
-        # the down GEMM's weights, scales and zeros after the logits) or of the one launch
-        "prefetch_l2": prefetch or [],
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",
         "gemms": [{k: v for k, v in g.__dict__.items()} for g in gemms],
         "workspace": workspace,

@@ -39,22 +39,10 @@ def table_rows(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _one_token_lines(plan: dict) -> list[str]:
-    """What a plan's call of one token with router logits does besides its routed kernels:
-    the one launch (tile{one-launch=1}) and the L2 hints (tile{prefetch-l2=1}), each a line."""
-    lines = []
-    if plan.get("one_launch"):
-        lines.append("T = 1 with router logits: one launch, moe_one_token (both GEMMs' CTAs in "
-                     "one grid, the top-k sum in the down GEMM's)")
-    regions = plan.get("prefetch_l2") or []
-    if regions:
-        top_k, mb = plan["sizes"]["top_k"], 2 ** 20
-        per_gemm = {g: [r for r in regions if r["gemm"] == g] for g in ("gate_up", "down")}
-        parts = [f"{name} {sum(r['hinted'] for r in rs) * top_k / mb:.1f} of "
-                 f"{sum(r['per_expert'] for r in rs) * top_k / mb:.1f} MB"
-                 for name, rs in (("gate/up", per_gemm["gate_up"]), ("down", per_gemm["down"]))]
-        lines.append("T = 1 with router logits: once routed, its CTAs hint the L2 to fetch the "
-                     f"routed experts' weights and scales: {', '.join(parts)}")
-    return lines
+    """A line for a plan whose call of one token with router logits is one launch
+    (tile{one-launch=1})."""
+    return (["T = 1 with router logits: one launch, moe_one_token (both GEMMs' CTAs in one "
+             "grid, the top-k sum in the down GEMM's)"] if plan.get("one_launch") else [])
 
 
 def moe_launch_table(plan: dict) -> str:

@@ -114,8 +114,6 @@ class MoeW4A16:
     that kernel). `pdl=False` launches each kernel after the one before (the same output, bit
     for bit). A call of one token with router logits runs the whole layer in one launch where
     the plan has it (`tile{one-launch=1}`: moe_one_token; the same output, bit for bit).
-    With `tile{prefetch-l2=1}` that call's CTAs hint the L2 to fetch its weights once they have
-    routed the token (the same output, bit for bit: a hint changes no value).
     """
 
     def __init__(self, spec, fuse_swiglu: bool = True, pipeline: str | None = None,
@@ -147,8 +145,6 @@ class MoeW4A16:
         self.gemms = self.plan["gemms"]
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
         self.gemm_route = self.plan["gemm_route"]    # T = 1 with logits: routed in the GEMMs
-        # and its CTAs hint the L2 to fetch the call's weights (tile{prefetch-l2=1})
-        self.prefetch_l2 = bool(self.plan.get("prefetch_l2"))
         if self.plan["act_order"] and (self.gemm_route or self.route_align_max_tokens):
             raise ValueError("act-order gathers rows by the top-k ids in memory: the plan must "
                              "route with the router and align kernels")
@@ -332,13 +328,9 @@ class MoeW4A16:
             summed = ((y, self._counters(cp, "sum_counters"), routed_ids)
                       if g["sum_topk"] else ())
             grid = (blocks, g["ntiles"] // v["col_tiles"], v["split"])
-            # (routed in the GEMMs with prefetch-l2: gate/up hints the down GEMM's weights too)
-            hints = ((weights.w2, weights.w2_scales,
-                      weights.w2_zeros if weights.w2_zeros is not None else NULL)
-                     if in_gemm and up and self.prefetch_l2 else ())
             args = (src, w, s, z if z is not None else NULL, sorted_ids, expert_ids,
                     total, wflat, np.int32(slots), dst, partials, counters, *summed,
-                    *(one_token if in_gemm else ()), *hints)
+                    *(one_token if in_gemm else ()))
             # routed in the GEMMs: the bucket's kernels in their routing form, gate/up the
             # call's first launch (plain: it reads the logits before anything could wait)
             kernel = self.kernels[v["route_kernel"] if in_gemm else v["kernel"]]

@@ -142,7 +142,7 @@ __device__ __forceinline__ void wgmma_f16<128>(float (&d)[64], const unsigned (&
 // (2-5% faster at prefill sizes on the H200: docs/DESIGN.md). Padding rows copy nothing: what
 // their place holds (an earlier stage's rows, or whatever shared memory held) reaches only their
 // own output rows, which the epilogues never write (a block row is a column of the MMA's B and
-// of its result).
+// of its result). (The capped wide CTA's pinned copies of more than 4 stages zero-fill them.)
 template <int BLOCK, int KS, int THREADS, int KDIM, int ROW_DIV>
 struct ChunkMajorRows {
   static constexpr int CHUNKS = 2 * KS, A_CHUNKS = BLOCK * CHUNKS;
@@ -153,8 +153,8 @@ struct ChunkMajorRows {
   static constexpr int BYTES = (CHUNKS * COLUMN_BYTES + 127) / 128 * 128;
   static_assert(CHUNKS % LANES_PER_ROW == 0 && BLOCK % WARP_ROWS == 0,
                 "a warp's chunks: whole row pieces of whole row groups");
-  const act_t* row[COPIES];
-  unsigned bytes[COPIES];
+  const act_t* row[COPIES];  // a padding row: row 0, copied by nothing or zero-filled
+  unsigned bytes[COPIES];    // 16, or 0 for a padding row
 
   __device__ __forceinline__ ChunkMajorRows(const act_t* __restrict__ a,
                                             const int* __restrict__ sorted_ids, int blk,
@@ -297,8 +297,13 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     if constexpr (PIN_ADDRESSES) {
 #pragma unroll
       for (int q = 0; q < A_COPIES; ++q)
-        if (BlockRows::copies(q) && block_rows.bytes[q])  // (padding rows: nothing)
-          cp_async16_at(row_dst[q] + (i % STAGES) * STAGE_BYTES, block_rows.row[q] + step * 16);
+        if constexpr (STAGES <= 4) {  // padding rows copy nothing, as in BlockRows::copy
+          if (BlockRows::copies(q) && block_rows.bytes[q])
+            cp_async16_at(row_dst[q] + (i % STAGES) * STAGE_BYTES, block_rows.row[q] + step * 16);
+        } else if (BlockRows::copies(q)) {  // (zero-filled: skipping them spilled at 6 stages)
+          cp_async16_zfill_at(row_dst[q] + (i % STAGES) * STAGE_BYTES,
+                              block_rows.row[q] + step * 16, block_rows.bytes[q]);
+        }
     } else {
       block_rows.copy(smem + (i % STAGES) * STAGE_BYTES + W_BYTES, step);
     }

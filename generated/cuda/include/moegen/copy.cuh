@@ -1,5 +1,5 @@
 // moegen device code: copies into shared memory: cp.async (plain, zero-fill, L2-hinted) and
-// ldmatrix; and hints that fetch global memory into L2 ahead of them.
+// ldmatrix.
 #pragma once
 
 namespace moegen {
@@ -127,36 +127,6 @@ __device__ __forceinline__ void cp_async_ca_zfill(void* dst, const void* src, un
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
                "n"(BYTES), "r"(bytes)
                : "memory");
-}
-
-// Hints the L2 to fetch `bytes` (a multiple of 16) from global memory at p (16-byte aligned) and
-// goes on: one bulk prefetch (the TMA unit walks it) on sm_90 and later, else one prefetch a
-// 128-byte line.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-  const size_t global = __cvta_generic_to_global(p);  // (the instructions take .global addresses)
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
-#else
-  for (unsigned at = 0; at < bytes; at += 128)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global + at) : "memory");
-#endif
-}
-
-// The first `hinted` of `per_expert` bytes of each of TOPK experts' packed data (expert e's at
-// base + e per_expert) hinted into L2 in pieces of up to PIECE bytes, piece q by the thread
-// `me` = q (mod `threads`) of the `threads` taking part. Experts vary fastest, so every
-// expert's first bytes (its first k16 steps, which its CTAs copy first) are asked for first.
-template <int TOPK, unsigned PIECE = 4096>
-__device__ __forceinline__ void prefetch_experts_l2(const void* base, size_t per_expert,
-                                                    size_t hinted, const int* experts, int me,
-                                                    int threads) {
-  const int pieces = static_cast<int>((hinted + PIECE - 1) / PIECE);
-  for (int q = me; q < TOPK * pieces; q += threads) {
-    const size_t at = static_cast<size_t>(q / TOPK) * PIECE;
-    const size_t left = hinted - at;
-    prefetch_l2(static_cast<const char*>(base) + experts[q % TOPK] * per_expert + at,
-                static_cast<unsigned>(left < PIECE ? left : PIECE));
-  }
 }
 
 }  // namespace moegen
