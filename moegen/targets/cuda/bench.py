@@ -218,6 +218,21 @@ def confine_routing(logits, experts: int | None):
     return logits
 
 
+def device_name(cp) -> str:
+    """The current GPU's name, as the bench's reports give it."""
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+
+
+def call_inputs(cp, spec, rng, tokens: int, experts: int | None):
+    """A call's random activations (the spec's dtype) and router logits (routing among the
+    first `experts` experts where given), on the device."""
+    m = spec.moe
+    x = to_activation(cp, cp.asarray(rng.standard_normal((tokens, m.hidden_size))), spec.dtype)
+    logits = cp.asarray(confine_routing(
+        rng.standard_normal((tokens, m.num_experts)).astype(np.float32), experts))
+    return x, logits
+
+
 def check_experts(spec, experts: int | None) -> None:
     """`experts` (bench --experts) must hold the top-k picks and be at most the spec's."""
     m = spec.moe
@@ -248,7 +263,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
             log(f"(no PyTorch baseline: {exc})")
     rng = np.random.default_rng(0)
     rows = []
-    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    device = device_name(cp)
     log(f"{spec.name} on {device}; copy bandwidth {bw / 1e12:.2f} TB/s; "
         f"{per_expert / 1e6:.2f} MB int4 weights + scales per expert"
         + (f"; routing among the first {experts} experts" if experts is not None else ""))
@@ -260,9 +275,7 @@ def bench_moe(spec, tokens: list[int], json_path: str | None = None, reps: int =
         if t > spec.tokens.max:
             log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
             continue
-        x = to_activation(cp, cp.asarray(rng.standard_normal((t, m.hidden_size))), spec.dtype)
-        logits = cp.asarray(confine_routing(
-            rng.standard_normal((t, m.num_experts)).astype(np.float32), experts))
+        x, logits = call_inputs(cp, spec, rng, t, experts)
         ids, wts = (a.copy() for a in layer.route(logits))   # the workspace is reused later
         experts_used = cp.unique(ids).get()
         routed = len(experts_used)
@@ -312,7 +325,7 @@ def bench_versus(spec, tokens: list[int], versus: str, json_path: str | None = N
     layers = [MoeW4A16(spec, pipeline=p, tuning=tuning) for p in (pipeline, versus)]
     weights = random_packed(cp, layers[0])
     rng = np.random.default_rng(0)
-    device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    device = device_name(cp)
     names = [layer.plan["passes"] for layer in layers]
     log(f"{spec.name} on {device}; A: {names[0]}; B: {names[1]}; {rounds} rounds in turns, "
         f"each the median of {reps}")
@@ -322,10 +335,7 @@ def bench_versus(spec, tokens: list[int], versus: str, json_path: str | None = N
         if t > spec.tokens.max:
             log(f"{t:>6} skipped: above tokens.max ({spec.tokens.max})")
             continue
-        x = to_activation(cp, cp.asarray(rng.standard_normal((t, spec.moe.hidden_size))),
-                          spec.dtype)
-        logits = cp.asarray(confine_routing(
-            rng.standard_normal((t, spec.moe.num_experts)).astype(np.float32), experts))
+        x, logits = call_inputs(cp, spec, rng, t, experts)
         outs = [cp.asnumpy(layer(x, logits, weights)).view(np.uint16) for layer in layers]
         same = bool(np.array_equal(outs[0], outs[1]))
         times = [[], []]
@@ -402,9 +412,9 @@ def bench_pack(spec, layers: int, json_path: str | None = None, log=print) -> di
         del w13, w2, packed
     log(f"{spec.name}: packed {layers} layers on the GPU in {seconds:.2f} s "
         f"({seconds / layers * 1e3:.1f} ms a layer, {packed_bytes / 1e6:.0f} MB packed each)")
-    result = {"spec": spec.name, "device": cp.cuda.runtime.getDeviceProperties(
-        cp.cuda.Device().id)["name"].decode(), "dtype": spec.dtype, "layers": layers,
-        "seconds": seconds, "per_layer_s": seconds / layers, "packed_bytes_a_layer": packed_bytes}
+    result = {"spec": spec.name, "device": device_name(cp), "dtype": spec.dtype,
+              "layers": layers, "seconds": seconds, "per_layer_s": seconds / layers,
+              "packed_bytes_a_layer": packed_bytes}
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
