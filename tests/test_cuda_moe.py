@@ -636,7 +636,8 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
     single-token bucket of the first shape, the first decode bucket of the others, the fused
     top-k sum), the reference's, and replays in a graph; with the routing given, the same
     kernels take it from align. Calls one after another: the one-launch kernel leaves its
-    state ready for the next."""
+    state ready for the next, and its persistent CTAs give the same bits in any number (1, 3,
+    about half of what the SMs hold)."""
     h, i, e, k = shape
     spec = moe_spec(h, i, e, k)
     layer = layer_for(spec, pipeline=pipeline.format(split=""))
@@ -666,6 +667,14 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
         layer.out.fill(POISON)
         given = layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
         assert rel_err(cp.asnumpy(given), want) <= 2e-3
+        # the one launch's CTAs are persistent: fewer of them take every work item between them
+        resident = one.one_launch_grid   # (the grid the runtime picked)
+        for grid in (1, 3, resident // 2 + 1):
+            one.one_launch_grid = grid
+            one.out.fill(POISON)
+            got = cp.asnumpy(one(cp.asarray(x), cp.asarray(logits), packed)).view(np.uint16)
+            assert np.array_equal(got, bits[0]), grid
+        one.one_launch_grid = resident
     for lay in (layer, one):
         assert_graph_replays(rng, lay, host_w, packed, t=1, pushes=(0.0, 30.0))
 

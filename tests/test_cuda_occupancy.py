@@ -81,6 +81,28 @@ def test_planned_ctas_names_what_each_plan_counts_on():
     assert planned_ctas({"tile": {"occupancy": 0}, "kernels": [{"name": "m"}]}) == {}
 
 
+class CompiledKernel:
+    """What resident_grid reads of a CuPy RawKernel: its attributes."""
+
+    def __init__(self, registers: int, static_shared: int):
+        self.attributes = {"num_regs": registers, "shared_size_bytes": static_shared}
+
+
+def test_resident_grid_spreads_the_first_items():
+    """A persistent kernel's grid (the one-launch layer): two CTAs an SM where they hold the
+    first (gate/up) items, else every CTA the SMs hold; at most one an item."""
+    from moegen.targets.cuda.runtime import resident_grid
+    gpu = H200.with_sms(132)
+    # 128 registers x 128 threads: 4 an SM by registers (40 KB of shared memory would allow 5)
+    kernel = CompiledKernel(128, 40 * 1024)
+    assert resident_grid(gpu, kernel, 128, 1000, 192) == 2 * 132    # Qwen3's gate/up items
+    assert resident_grid(gpu, kernel, 128, 1000, 264) == 2 * 132
+    assert resident_grid(gpu, kernel, 128, 1000, 265) == 4 * 132    # then all the SMs hold
+    assert resident_grid(gpu, CompiledKernel(128, 120 * 1024), 128, 1000, 192) == 132
+    assert resident_grid(gpu, CompiledKernel(64, 0), 128, 100, 60) == 100
+    assert resident_grid(gpu.with_sms(78), kernel, 128, 1000, 192) == 4 * 78
+
+
 @pytest.mark.gpu
 def test_ctas_per_sm_matches_the_driver_for_every_kernel_of_a_layer():
     """Every kernel of Qwen3-30B-A3B's and Mixtral's layers, as NVRTC built them here: the CTAs an

@@ -170,9 +170,11 @@ def _gemm_plans(module: Module, gpu: GpuTarget) -> list[GemmPlan]:
 def _one_launch(spec: Spec, gemms: list, asked: bool) -> dict | None:
     """The one-launch layer for one token (moe_one_token in the template), where the IR's
     router has `one_launch` (the tile pass checked what it needs: both first buckets on the
-    K-split CTA of one moe block and warp count, SwiGLU in gate/up's epilogue): its grid, its
-    state ints (the template's one_launch namespace says what each holds) and its split-K
-    partial-sum bytes (both GEMMs' at once)."""
+    K-split CTA of one moe block and warp count, SwiGLU in gate/up's epilogue): its grid at
+    most (one CTA a work item: each GEMM's single-token CTAs, gate/up's first; the runtime
+    launches fewer persistent CTAs: runtime.resident_grid), its state ints (the template's
+    one_launch namespace says what each holds) and its split-K partial-sum bytes (both GEMMs'
+    at once)."""
     if not asked:
         return None
     m = spec.moe
@@ -186,8 +188,10 @@ def _one_launch(spec: Spec, gemms: list, asked: bool) -> dict | None:
 
     def partials(tiles: int, split: int) -> int:
         return m.top_k * tiles * split * rows * 64 * 4 if split > 1 else 0
-    ctas = m.top_k * (gu_tiles * vu["split"] + dn_tiles * vd["split"])
-    return {"kernel": "moe_one_token", "grid": [ctas, 1, 1], "block": vu["warps"] * 32,
+    gate_up_items = m.top_k * gu_tiles * vu["split"]
+    ctas = gate_up_items + m.top_k * dn_tiles * vd["split"]
+    return {"kernel": "moe_one_token", "grid": [ctas, 1, 1], "gate_up_items": gate_up_items,
+            "block": vu["warps"] * 32,
             "state_ints": 2 + m.top_k + dn_tiles + m.top_k * (gu_tiles + dn_tiles),
             "partial_bytes": partials(gu_tiles, vu["split"]) + partials(dn_tiles, vd["split"])}
 
@@ -328,9 +332,11 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                   if g.name == "down" and g.variants[0]["follows_from"] is not None else {})}
               for g in gemms if g.variants[0]["route_kernel"]],
             *([{"name": one_launch["kernel"], "grid": one_launch["grid"],
+                "gate_up_items": one_launch["gate_up_items"],
                 "block": one_launch["block"], "bucket_max_tokens": 1,
                 "when": "T = 1 with router logits: the whole layer in one launch (gate/up, "
-                        "down and the top-k sum; each CTA routes the token itself)"}]
+                        "down and the top-k sum; each CTA routes the token once, then takes "
+                        "work items: grid is the most, one a CTA-sized item)"}]
               if one_launch else []),
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

@@ -41,8 +41,9 @@ def table_rows(head: list[str], rows: list[list[str]]) -> list[str]:
 def _one_token_lines(plan: dict) -> list[str]:
     """A line for a plan whose call of one token with router logits is one launch
     (tile{one-launch=1})."""
-    return (["T = 1 with router logits: one launch, moe_one_token (both GEMMs' CTAs in one "
-             "grid, the top-k sum in the down GEMM's)"] if plan.get("one_launch") else [])
+    return (["T = 1 with router logits: one launch, moe_one_token (persistent CTAs take both "
+             "GEMMs' CTAs as work items, the top-k sum in the down GEMM's)"]
+            if plan.get("one_launch") else [])
 
 
 def moe_launch_table(plan: dict) -> str:
