@@ -82,10 +82,11 @@ def test_planned_ctas_names_what_each_plan_counts_on():
 
 
 class CompiledKernel:
-    """What resident_grid reads of a CuPy RawKernel: its attributes."""
+    """What resident_grid reads of a CuPy RawKernel: its registers and static shared memory."""
 
     def __init__(self, registers: int, static_shared: int):
-        self.attributes = {"num_regs": registers, "shared_size_bytes": static_shared}
+        self.num_regs = registers
+        self.shared_size_bytes = static_shared
 
 
 def test_resident_grid_spreads_the_first_items():

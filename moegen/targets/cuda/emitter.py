@@ -335,8 +335,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                 "gate_up_items": one_launch["gate_up_items"],
                 "block": one_launch["block"], "bucket_max_tokens": 1,
                 "when": "T = 1 with router logits: the whole layer in one launch (gate/up, "
-                        "down and the top-k sum; each CTA routes the token once, then takes "
-                        "work items: grid is the most, one a CTA-sized item)"}]
+                        "down and the top-k sum; persistent CTAs, at most the grid's, route "
+                        "the token once, then take the GEMMs' CTAs as work items)"}]
               if one_launch else []),
             *([] if fused else [{"name": "moe_swiglu", "grid": ["ceil(T*K*I / 256)", 1, 1],
                                  "block": 256}]),

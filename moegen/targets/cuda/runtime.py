@@ -101,9 +101,7 @@ def resident_grid(gpu, kernel, block: int, items: int, first_items: int) -> int:
     a larger grid before the next. Measured on the H100 at T = 1: Qwen3 21.7 us at two an SM,
     23.2 at three, 24.2 at four; Mixtral (896 gate/up items) 83.9 us at the 8 an SM it holds,
     89.3 at 7."""
-    attributes = kernel.attributes
-    use = KernelUse(block, attributes["num_regs"], attributes["shared_size_bytes"])
-    held = ctas_per_sm(gpu, use)[0]
+    held = ctas_per_sm(gpu, KernelUse(block, kernel.num_regs, kernel.shared_size_bytes))[0]
     per_sm = min(held, 2) if first_items <= 2 * gpu.sms else held
     return max(1, min(items, gpu.sms * per_sm))
 
