@@ -679,6 +679,48 @@ def test_one_token_routed_in_the_gemms(rng, shape, pipeline):
         assert_graph_replays(rng, lay, host_w, packed, t=1, pushes=(0.0, 30.0))
 
 
+def edge_logits(rng, e, k):
+    """Rows of router logits where the order is hard: ties everywhere, -0 against +0, a tie
+    across the k-th pick, all but k + 1 experts at -inf, the last k experts far ahead, and
+    one plain draw."""
+    rows = rng.standard_normal((6, e)).astype(np.float32)
+    rows[0, :] = 0.0
+    rows[1, ::2] = -0.0
+    rows[1, 1::2] = 0.0
+    rows[2, rng.permutation(e)[:k + 3]] = 4.0          # k + 3 experts tied at the top
+    rows[3, k + 1:] = -np.inf
+    rows[4, e - k:] = 50.0
+    return rows
+
+
+@pytest.mark.parametrize("e,k", [(20, 4), (61, 6), (126, 8), (300, 8)])
+def test_one_token_search_in_the_cta(rng, e, k):
+    """The GEMM CTAs' own search for one token's experts: with up to two experts a thread every
+    thread ranks its experts (61 experts on 64 threads, keys padded to 64; 126, two a thread),
+    up to 32 and past two a thread warp 0 picks them as the router does (20, 300). On logits whose order is hard (ties,
+    -0 and +0, -inf), the routed kernels and the one launch give the align path's bits, and
+    the reference's numbers."""
+    spec = moe_spec(256, 128, e, k, name=f"t-search-e{e}-k{k}")
+    layer = layer_for(spec)
+    one = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{one-launch=1},alloc")
+    apart = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{route-in-gemm=0},alloc")
+    threads = 32 * layer.gemms[0]["variants"][0]["warps"]
+    assert threads == 64 and layer.gemm_route and not apart.gemm_route
+    host_w = moe_weights(rng, e, 256, 128, 128)
+    packed = layer.pack(*host_w)
+    for row in edge_logits(rng, e, k):
+        logits = row[None, :]
+        x = rng.standard_normal((1, 256)).astype(np.float16)
+        outs = []
+        for lay in (layer, one, apart):
+            lay.out.fill(POISON)
+            outs.append(cp.asnumpy(lay(cp.asarray(x), cp.asarray(logits), packed)))
+        ids, w = R.topk_softmax(logits, k, layer.spec.moe.renormalize)
+        want = R.moe_w4a16(x, ids, w, *host_w, group_size=128)
+        assert rel_err(outs[0], want) <= 2e-3
+        assert all(np.array_equal(outs[0].view(np.uint16), o.view(np.uint16)) for o in outs[1:])
+
+
 def test_bench_versus_times_two_builds(tmp_path):
     """`moegen bench --versus`: the default build and one that routes a call of one token in
     the align kernel (route-in-gemm=0) in turns, per token count a time of each per round,

@@ -39,31 +39,56 @@ __device__ __forceinline__ void load_logits(const float* __restrict__ logits, in
 // A token's picks are spread over a warp's lanes: lane l holds picks l, l + 32, ...
 constexpr int PICKS_PER_LANE = (TOPK + 31) / 32;
 
-// The top-k of one token's logits, computed by one warp: every lane ends with all TOPK ids
-// (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
-// l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
-// each) are worked out after it, one pick a lane, off that chain.
-__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
-                                             float (&w)[PICKS_PER_LANE]) {
-  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
-  float row_max = moegen::neg_inf();
+// The softmax's max and denominator over one token's logits held by a warp (v: route_logits's).
+__device__ __forceinline__ void softmax_max_denominator(const float (&v)[PER_LANE], int lane,
+                                                        float& row_max, float& denom) {
+  row_max = moegen::neg_inf();
   if constexpr (ROUTER_REDUX) {
     unsigned top = 0;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-      key[i] = lane + 32 * i < E ? moegen::order_key(v[i]) : 0u;
-      top = max(top, key[i]);
-    }
+    for (int i = 0; i < PER_LANE; ++i)
+      top = max(top, lane + 32 * i < E ? moegen::order_key(v[i]) : 0u);
     row_max = moegen::key_value(__reduce_max_sync(0xffffffffu, top));
   } else {
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) row_max = fmaxf(row_max, v[i]);
     row_max = moegen::warp_max(row_max);
   }
-  float denom = 0.0f;
+  denom = 0.0f;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
+}
+
+// A pick's softmax weight, from its logit (a lane with no pick: any weight)
+__device__ __forceinline__ float pick_weight(bool picked, float logit, float row_max, float denom) {
+  return expf((picked ? logit : row_max) - row_max) / denom;
+}
+
+// RENORMALIZE: the weights of a warp's picks (lane l: picks l, l + 32, ...) over their sum, added
+// in pick order
+__device__ __forceinline__ void renormalize_picks(float (&w)[PICKS_PER_LANE]) {
+  if (RENORMALIZE) {
+    float picked = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
+#pragma unroll
+    for (int j = 0; j < PICKS_PER_LANE; ++j) w[j] /= picked;
+  }
+}
+
+// The top-k of one token's logits, computed by one warp: every lane ends with all TOPK ids
+// (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
+// l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
+// each) are worked out after it, one pick a lane, off that chain.
+__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
+                                             float (&w)[PICKS_PER_LANE]) {
+  float row_max, denom;
+  softmax_max_denominator(v, lane, row_max, denom);
+  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    key[i] = ROUTER_REDUX && lane + 32 * i < E ? moegen::order_key(v[i]) : 0u;
   unsigned taken = 0;
   float mine[PICKS_PER_LANE];  // the logits of this lane's picks
   unsigned lane_key = 0u;      // redux: the lane's best remaining key and its expert
@@ -118,14 +143,8 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   }
 #pragma unroll
   for (int j = 0; j < PICKS_PER_LANE; ++j)  // (mine[j] is set where lane + 32 j < TOPK)
-    w[j] = expf((lane + 32 * j < TOPK ? mine[j] : row_max) - row_max) / denom;
-  if (RENORMALIZE) {  // over the sum of the TOPK weights in pick order
-    float picked = 0.0f;
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
-#pragma unroll
-    for (int j = 0; j < PICKS_PER_LANE; ++j) w[j] /= picked;
-  }
+    w[j] = pick_weight(lane + 32 * j < TOPK, mine[j], row_max, denom);
+  renormalize_picks(w);
 }
 
 // Lane l's part of writing one token's routing: the ids and weights of its picks l, l + 32, ...
@@ -316,48 +335,122 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
 // ---------------------------------------------------------------------------------------------
 // One token routed inside a GEMM CTA. A call of one token with router logits launches no router
 // or align kernel: every CTA of both GEMMs (their first bucket's kernels, in a form of their own:
-// the *_routed kernels) routes the token itself (one warp, the router's route_logits: the same
-// experts and weights) into shared memory, laid out as align lays out one token: its experts in
-// ascending order are its TOPK blocks, block b holding the slot of the b-th smallest expert in
-// its first row and padding (the sentinel TOPK, weight 0) after it.
+// the *_routed kernels) routes the token itself into shared memory, laid out as align lays out
+// one token: its experts in ascending order are its TOPK blocks, block b holding the slot of the
+// b-th smallest expert in its first row and padding (the sentinel TOPK, weight 0) after it.
+// The same experts and weights as the router kernel, bit for bit: from 33 experts up to two a
+// thread, every thread ranks its experts among all E at once (one pass over their keys in shared
+// memory) instead of warp 0's chain of TOPK warp-wide picks, which keeps the other warps idle,
+// and warp 0 works out the softmax as route_logits does; past that, warp 0 runs route_logits.
 // Whole KB of shared memory, so that the GEMM's copy rings beside it keep their alignment
 // (measured on the H200: with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
+constexpr int KEYS = (E + 3) / 4 * 4;  // the keys, padded with 0 (below every logit's key)
 template <int BLOCK>
 struct alignas(1024) OneTokenRouting {
-  int sorted_ids[TOPK * BLOCK];
+  union {
+    unsigned keys[KEYS];  // the search's, before the blocks are written
+    struct {
+      int sorted_ids[TOPK * BLOCK];
+      float weights_flat[TOPK * BLOCK];
+    };
+  };
   int expert_ids[TOPK];
-  float weights_flat[TOPK * BLOCK];
+  int pick_expert[TOPK];  // pick k: its expert and key
+  unsigned pick_key[TOPK];
   int total;
 };
 
-template <int BLOCK>
-__device__ __forceinline__ void route_one_token(const float* __restrict__ logits,
-                                                OneTokenRouting<BLOCK>& r) {
-  static_assert(TOPK <= 32 && PICKS_PER_LANE == 1, "a lane routes each slot");
+// How many of the token's keys order before key ke of expert e: larger keys, then equal keys of
+// lower experts (the router's order). Compared as 64-bit (key, ~expert) pairs: one comparison a
+// key, the experts' part a constant of the unrolled loop.
+__device__ __forceinline__ int key_rank(const unsigned* keys, unsigned ke, int e) {
+  const unsigned long long mine = (unsigned long long)ke << 32 | ~(unsigned)e;
+  int rank = 0;
+#pragma unroll
+  for (int j = 0; j < KEYS; j += 4) {
+    const uint4 k4 = *reinterpret_cast<const uint4*>(keys + j);
+    const unsigned kj[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      rank += ((unsigned long long)kj[i] << 32 | ~(unsigned)(j + i)) > mine ? 1 : 0;
+  }
+  return rank;
+}
+
+// From 33 experts up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares an
+// expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
+// search's two extra barriers cost more than the picks: measured on Mixtral's 8).
+constexpr int RANK_EXPERTS_PER_THREAD = 2;
+
+// The search by ranks: the picks' experts and keys into r.pick_expert and r.pick_key (pick
+// order), the softmax's max and denominator into warp 0's row_max and denom.
+template <int BLOCK, int THREADS>
+__device__ __forceinline__ void rank_one_token(const float* __restrict__ logits,
+                                               OneTokenRouting<BLOCK>& r, float& row_max,
+                                               float& denom) {
+  for (int e = threadIdx.x; e < KEYS; e += THREADS)
+    r.keys[e] = e < E ? moegen::order_key(logits[e]) : 0u;
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += THREADS) {  // the first TOPK ranks are the picks
+    const unsigned ke = r.keys[e];
+    const int rank = key_rank(r.keys, ke, e);
+    if (rank < TOPK) {
+      r.pick_expert[rank] = e;
+      r.pick_key[rank] = ke;
+    }
+  }
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float v[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i)
+      v[i] = lane + 32 * i < E ? moegen::key_value(r.keys[lane + 32 * i]) : moegen::neg_inf();
+    softmax_max_denominator(v, lane, row_max, denom);
+  }
+  __syncthreads();  // (the keys' room is the blocks' from here)
+}
+
+template <int BLOCK, int THREADS>
+__device__ __forceinline__ void route_one_token(const float* __restrict__ logits,
+                                                OneTokenRouting<BLOCK>& r) {
+  static_assert(TOPK <= 32 && PICKS_PER_LANE == 1, "a lane of warp 0 writes each slot");
+  constexpr bool BY_RANK = E > 32 && E <= RANK_EXPERTS_PER_THREAD * THREADS;
+  const int lane = threadIdx.x % 32;
+  int mine = E;  // warp 0, lane k < TOPK: pick k's expert and weight
+  float w[PICKS_PER_LANE];
+  if constexpr (BY_RANK) {
+    float row_max, denom;
+    rank_one_token<BLOCK, THREADS>(logits, r, row_max, denom);
+    if (threadIdx.x < 32) {
+      if (lane < TOPK) mine = r.pick_expert[lane];
+      w[0] = pick_weight(lane < TOPK, moegen::key_value(r.pick_key[lane % TOPK]), row_max, denom);
+      renormalize_picks(w);
+    }
+  } else if (threadIdx.x < 32) {
+    float v[PER_LANE];
     load_logits(logits, 0, lane, v);
-    for (int x = lane; x < TOPK * BLOCK; x += 32) {  // (while the logits load)
+    int id[TOPK];
+    route_logits(v, lane, id, w);
+    for_my_picks(id, w, lane, [&](int k, int e, float) {
+      mine = e;
+      r.pick_expert[k] = e;
+    });
+    __syncwarp();
+  }
+  for (int x = threadIdx.x; x < TOPK * BLOCK; x += THREADS)
+    if (x % BLOCK != 0) {  // (row 0 of every block is a pick's, written below)
       r.sorted_ids[x] = TOPK;
       r.weights_flat[x] = 0.0f;
     }
-    int id[TOPK];
-    float w[PICKS_PER_LANE];
-    route_logits(v, lane, id, w);
-    __syncwarp();
-    // lane j < TOPK writes slot j (pick j) into its expert's block, after the blocks of the
-    // experts picked below it (the router picks TOPK distinct experts)
-    int mine = E;
-    for_my_picks(id, w, lane, [&](int, int e, float) { mine = e; });
-    if (lane < TOPK) {
-      int b = 0;
+  if (threadIdx.x < TOPK) {
+    // pick k's slot into its expert's block, after the blocks of the experts picked below it
+    // (the picks are TOPK distinct experts)
+    int b = 0;
 #pragma unroll
-      for (int i = 0; i < TOPK; ++i) b += id[i] < mine ? 1 : 0;
-      r.expert_ids[b] = mine;
-      r.sorted_ids[b * BLOCK] = lane;
-      r.weights_flat[b * BLOCK] = w[0];
-    }
+    for (int i = 0; i < TOPK; ++i) b += r.pick_expert[i] < mine ? 1 : 0;
+    r.expert_ids[b] = mine;
+    r.sorted_ids[b * BLOCK] = lane;
+    r.weights_flat[b * BLOCK] = w[0];
     if (lane == 0) r.total = TOPK * BLOCK;
   }
   __syncthreads();
@@ -397,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
                                      const float* weights_flat, int num_slots, act_t* out,
                                      float* partials, int* counters, const float* logits) {
   __shared__ OneTokenRouting<8> one;
-  route_one_token(logits, one);
+  route_one_token<8, 128>(logits, one);
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/6, /*EPILOGUE=*/1, /*PERM_GATE_UP=*/true,
@@ -485,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
                                   const int* total, const float* weights_flat, int num_slots,
                                   act_t* out, float* partials, int* counters, const float* logits) {
   __shared__ OneTokenRouting<8> one;
-  route_one_token(logits, one);
+  route_one_token<8, 128>(logits, one);
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*WARPS=*/4,
       /*STAGES=*/8, /*KS=*/1, /*ROW_DIV=*/1, /*EPILOGUE=*/0, /*PERM_GATE_UP=*/false,

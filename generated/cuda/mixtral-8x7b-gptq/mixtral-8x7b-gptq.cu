@@ -40,31 +40,56 @@ __device__ __forceinline__ void load_logits(const float* __restrict__ logits, in
 // A token's picks are spread over a warp's lanes: lane l holds picks l, l + 32, ...
 constexpr int PICKS_PER_LANE = (TOPK + 31) / 32;
 
-// The top-k of one token's logits, computed by one warp: every lane ends with all TOPK ids
-// (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
-// l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
-// each) are worked out after it, one pick a lane, off that chain.
-__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
-                                             float (&w)[PICKS_PER_LANE]) {
-  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
-  float row_max = moegen::neg_inf();
+// The softmax's max and denominator over one token's logits held by a warp (v: route_logits's).
+__device__ __forceinline__ void softmax_max_denominator(const float (&v)[PER_LANE], int lane,
+                                                        float& row_max, float& denom) {
+  row_max = moegen::neg_inf();
   if constexpr (ROUTER_REDUX) {
     unsigned top = 0;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-      key[i] = lane + 32 * i < E ? moegen::order_key(v[i]) : 0u;
-      top = max(top, key[i]);
-    }
+    for (int i = 0; i < PER_LANE; ++i)
+      top = max(top, lane + 32 * i < E ? moegen::order_key(v[i]) : 0u);
     row_max = moegen::key_value(__reduce_max_sync(0xffffffffu, top));
   } else {
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) row_max = fmaxf(row_max, v[i]);
     row_max = moegen::warp_max(row_max);
   }
-  float denom = 0.0f;
+  denom = 0.0f;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) denom += (lane + 32 * i < E) ? expf(v[i] - row_max) : 0.0f;
   denom = moegen::warp_sum(denom);
+}
+
+// A pick's softmax weight, from its logit (a lane with no pick: any weight)
+__device__ __forceinline__ float pick_weight(bool picked, float logit, float row_max, float denom) {
+  return expf((picked ? logit : row_max) - row_max) / denom;
+}
+
+// RENORMALIZE: the weights of a warp's picks (lane l: picks l, l + 32, ...) over their sum, added
+// in pick order
+__device__ __forceinline__ void renormalize_picks(float (&w)[PICKS_PER_LANE]) {
+  if (RENORMALIZE) {
+    float picked = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
+#pragma unroll
+    for (int j = 0; j < PICKS_PER_LANE; ++j) w[j] /= picked;
+  }
+}
+
+// The top-k of one token's logits, computed by one warp: every lane ends with all TOPK ids
+// (id[k], the k-th pick), and lane l with the weights of picks l, l + 32, ... (w[j]: pick
+// l + 32 j). The picks are a chain of warp-wide reductions; the weights (an expf and a division
+// each) are worked out after it, one pick a lane, off that chain.
+__device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lane, int (&id)[TOPK],
+                                             float (&w)[PICKS_PER_LANE]) {
+  float row_max, denom;
+  softmax_max_denominator(v, lane, row_max, denom);
+  unsigned key[PER_LANE];  // redux: integer keys in the logits' order, 0 past E
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    key[i] = ROUTER_REDUX && lane + 32 * i < E ? moegen::order_key(v[i]) : 0u;
   unsigned taken = 0;
   float mine[PICKS_PER_LANE];  // the logits of this lane's picks
   unsigned lane_key = 0u;      // redux: the lane's best remaining key and its expert
@@ -119,14 +144,8 @@ __device__ __forceinline__ void route_logits(const float (&v)[PER_LANE], int lan
   }
 #pragma unroll
   for (int j = 0; j < PICKS_PER_LANE; ++j)  // (mine[j] is set where lane + 32 j < TOPK)
-    w[j] = expf((lane + 32 * j < TOPK ? mine[j] : row_max) - row_max) / denom;
-  if (RENORMALIZE) {  // over the sum of the TOPK weights in pick order
-    float picked = 0.0f;
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) picked += __shfl_sync(0xffffffffu, w[k / 32], k % 32);
-#pragma unroll
-    for (int j = 0; j < PICKS_PER_LANE; ++j) w[j] /= picked;
-  }
+    w[j] = pick_weight(lane + 32 * j < TOPK, mine[j], row_max, denom);
+  renormalize_picks(w);
 }
 
 // Lane l's part of writing one token's routing: the ids and weights of its picks l, l + 32, ...

@@ -218,11 +218,14 @@ def tall_shared_bytes(block: int, stages: int, block_k: int, zeros: bool = False
     return max(tall, wide)
 
 
-def one_token_routing_bytes(top_k: int, block: int) -> int:
+def one_token_routing_bytes(experts: int, top_k: int, block: int) -> int:
     """Static shared memory of one token's routing in a GEMM CTA (OneTokenRouting in the
-    template): sorted ids and weights of top_k blocks, their experts, the padded total, in whole
-    KB aligned to a KB (so another KB at most in front of it)."""
-    return align_up(8 * top_k * block + 4 * top_k + 4, 1024) + 1024
+    template): the search's keys (one per expert, padded to 4) sharing their room with the
+    sorted ids and weights of top_k blocks, then the blocks' experts, the picks' experts and
+    keys and the padded total, in whole KB aligned to a KB (so another KB at most in front of
+    it)."""
+    keys = 4 * align_up(experts, 4)
+    return align_up(max(keys, 8 * top_k * block) + 12 * top_k + 4, 1024) + 1024
 
 
 def gemm_stages(block: int, warps: int, most: int, block_k: int = 16, reserved: int = 0,
