@@ -695,11 +695,11 @@ def edge_logits(rng, e, k):
 
 @pytest.mark.parametrize("e,k", [(20, 4), (61, 6), (126, 8), (300, 8)])
 def test_one_token_search_in_the_cta(rng, e, k):
-    """The GEMM CTAs' own search for one token's experts: with up to two experts a thread every
-    thread ranks its experts (61 experts on 64 threads, keys padded to 64; 126, two a thread),
-    up to 32 and past two a thread warp 0 picks them as the router does (20, 300). On logits whose order is hard (ties,
-    -0 and +0, -inf), the routed kernels and the one launch give the align path's bits, and
-    the reference's numbers."""
+    """The GEMM CTAs' own search for one token's experts: from 33 experts up to two a thread
+    every thread ranks its experts (61 experts on 64 threads, keys padded to 64; 126, two a
+    thread); up to 32 and past two a thread warp 0 picks them as the router does (20, 300).
+    On logits whose order is hard (ties, -0 and +0, -inf), the routed kernels and the one
+    launch give the align path's bits, and the reference's numbers."""
     spec = moe_spec(256, 128, e, k, name=f"t-search-e{e}-k{k}")
     layer = layer_for(spec)
     one = layer_for(spec, pipeline="fuse-align,fuse-swiglu,tile{one-launch=1},alloc")
