@@ -15,7 +15,7 @@ from moegen.target import CUDA_ARCHS, gpu_target
 from moegen.passes.manager import PipelineError
 from moegen.targets import cpp_format
 from moegen.targets.compile import emit
-from moegen.passes.tiling.cta import wide_static_bytes
+from moegen.passes.tiling.cta import one_token_routing_bytes, wide_static_bytes
 from moegen.targets.cuda.emitter import device_headers
 from moegen.targets.cuda.launch import GATE_UP_PDL_MIN_TOKENS, PDL_MIN_TOKENS
 from moegen.targets.cuda.occupancy import ctas_per_sm
@@ -683,6 +683,26 @@ def test_one_token_routed_in_the_gemms_plan():
         plan = json.loads(files["k16.launch.json"])
         assert plan["gemm_route"] == route
         assert [g["variants"][0]["stages"] for g in plan["gemms"]] == [stages, stages]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_one_token_routing_shared_memory(tmp_path):
+    """A routed kernel's static shared memory over its plain form's (ptxas's) is at most what
+    the tile pass takes off its rings (one_token_routing_bytes), and holds the rank search's
+    keys only where it runs: with 128 threads 256 experts are ranked (their keys, 1 KB, beside
+    the blocks' KB), 512 are picked by warp 0's chain (the blocks' KB only)."""
+    for experts, extra in ((256, 2048), (512, 1024)):
+        name = f"e{experts}"
+        spec = cuda_moe_spec(name, 2048, 768, experts, 8)
+        files = emit(spec, "cuda")
+        plan = json.loads(files[f"{name}.launch.json"])
+        stats = ptxas_stats(nvcc_build(write_emitted(files, name, tmp_path), tmp_path))
+        for g in plan["gemms"]:
+            v = g["variants"][0]
+            assert v["warps"] == 4 and v["route_kernel"]
+            routed = stats[v["route_kernel"]].static_shared - stats[v["kernel"]].static_shared
+            assert routed == extra
+            assert routed <= one_token_routing_bytes(experts, 8, v["block"], 128)
 
 
 ONE_LAUNCH = "fuse-align,fuse-swiglu,tile{one-launch=1},alloc"

@@ -344,11 +344,18 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
 // and warp 0 works out the softmax as route_logits does; past that, warp 0 runs route_logits.
 // Whole KB of shared memory, so that the GEMM's copy rings beside it keep their alignment
 // (measured on the H200: with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
+// From 33 experts up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares an
+// expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
+// search's two extra barriers cost more than the picks: measured on Mixtral's 8).
+constexpr int RANK_EXPERTS_PER_THREAD = 2;
+__host__ __device__ constexpr bool ranks_experts(int threads) {
+  return E > 32 && E <= RANK_EXPERTS_PER_THREAD * threads;
+}
 constexpr int KEYS = (E + 3) / 4 * 4;  // the keys, padded with 0 (below every logit's key)
-template <int BLOCK>
+template <int BLOCK, int THREADS>
 struct alignas(1024) OneTokenRouting {
   union {
-    unsigned keys[KEYS];  // the search's, before the blocks are written
+    unsigned keys[ranks_experts(THREADS) ? KEYS : 1];  // the search's, before the blocks
     struct {
       int sorted_ids[TOPK * BLOCK];
       float weights_flat[TOPK * BLOCK];
@@ -377,16 +384,11 @@ __device__ __forceinline__ int key_rank(const unsigned* keys, unsigned ke, int e
   return rank;
 }
 
-// From 33 experts up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares an
-// expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
-// search's two extra barriers cost more than the picks: measured on Mixtral's 8).
-constexpr int RANK_EXPERTS_PER_THREAD = 2;
-
 // The search by ranks: the picks' experts and keys into r.pick_expert and r.pick_key (pick
 // order), the softmax's max and denominator into warp 0's row_max and denom.
 template <int BLOCK, int THREADS>
 __device__ __forceinline__ void rank_one_token(const float* __restrict__ logits,
-                                               OneTokenRouting<BLOCK>& r, float& row_max,
+                                               OneTokenRouting<BLOCK, THREADS>& r, float& row_max,
                                                float& denom) {
   for (int e = threadIdx.x; e < KEYS; e += THREADS)
     r.keys[e] = e < E ? moegen::order_key(logits[e]) : 0u;
@@ -412,9 +414,9 @@ __device__ __forceinline__ void rank_one_token(const float* __restrict__ logits,
 
 template <int BLOCK, int THREADS>
 __device__ __forceinline__ void route_one_token(const float* __restrict__ logits,
-                                                OneTokenRouting<BLOCK>& r) {
+                                                OneTokenRouting<BLOCK, THREADS>& r) {
   static_assert(TOPK <= 32 && PICKS_PER_LANE == 1, "a lane of warp 0 writes each slot");
-  constexpr bool BY_RANK = E > 32 && E <= RANK_EXPERTS_PER_THREAD * THREADS;
+  constexpr bool BY_RANK = ranks_experts(THREADS);
   const int lane = threadIdx.x % 32;
   int mine = E;  // warp 0, lane k < TOPK: pick k's expert and weight
   float w[PICKS_PER_LANE];
@@ -489,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
                                      const int* expert_ids, const int* total,
                                      const float* weights_flat, int num_slots, act_t* out,
                                      float* partials, int* counters, const float* logits) {
-  __shared__ OneTokenRouting<8> one;
+  __shared__ OneTokenRouting<8, 128> one;
   route_one_token<8, 128>(logits, one);
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/2048, /*NTILES=*/44, /*NOUT=*/1408, /*G=*/128, /*WARPS=*/4,
@@ -577,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
                                   const uint4* zeros, const int* sorted_ids, const int* expert_ids,
                                   const int* total, const float* weights_flat, int num_slots,
                                   act_t* out, float* partials, int* counters, const float* logits) {
-  __shared__ OneTokenRouting<8> one;
+  __shared__ OneTokenRouting<8, 128> one;
   route_one_token<8, 128>(logits, one);
   moegen::grouped_gemm<
       /*BLOCK=*/8, /*SPLIT=*/1, /*KDIM=*/1408, /*NTILES=*/32, /*NOUT=*/2048, /*G=*/128, /*WARPS=*/4,

@@ -218,13 +218,24 @@ def tall_shared_bytes(block: int, stages: int, block_k: int, zeros: bool = False
     return max(tall, wide)
 
 
-def one_token_routing_bytes(experts: int, top_k: int, block: int) -> int:
-    """Static shared memory of one token's routing in a GEMM CTA (OneTokenRouting in the
-    template): the search's keys (one per expert, padded to 4) sharing their room with the
-    sorted ids and weights of top_k blocks, then the blocks' experts, the picks' experts and
-    keys and the padded total, in whole KB aligned to a KB (so another KB at most in front of
-    it)."""
-    keys = 4 * align_up(experts, 4)
+# One token's routing in a GEMM CTA ranks the experts where there are more than 32 and at most
+# this many a thread (the template's ranks_experts); else warp 0 picks them one at a time.
+RANK_EXPERTS_PER_THREAD = 2
+
+
+def ranks_experts(experts: int, threads: int) -> bool:
+    """Whether a CTA of `threads` routes one token by ranking its experts (it then keeps one
+    key an expert in shared memory)."""
+    return 32 < experts <= RANK_EXPERTS_PER_THREAD * threads
+
+
+def one_token_routing_bytes(experts: int, top_k: int, block: int, threads: int) -> int:
+    """Static shared memory of one token's routing in a GEMM CTA of `threads` (OneTokenRouting
+    in the template): the rank search's keys (one per expert, padded to 4; only where the CTA
+    ranks them) sharing their room with the sorted ids and weights of top_k blocks, then the
+    blocks' experts, the picks' experts and keys and the padded total, in whole KB aligned to
+    a KB (so another KB at most in front of it)."""
+    keys = 4 * align_up(experts, 4) if ranks_experts(experts, threads) else 4
     return align_up(max(keys, 8 * top_k * block) + 12 * top_k + 4, 1024) + 1024
 
 

@@ -45,7 +45,7 @@ class GemmTiling:
         # that would cost its rings stages, the calls of up to its edge would lose more than the
         # one token gains: the routing stays with align, unless route-in-gemm=1 asks)
         routed = one_token_routing_bytes(spec.moe.num_experts, spec.moe.top_k,
-                                         buckets[0][1]) \
+                                         buckets[0][1], 32 * warps[0]) \
             if self._gemm_route(spec.moe.top_k) else 0
         zeros = not spec.quant.symmetric
         stages = [gemm_stages(block, w, m, bk, routed if i == 0 else 0, zeros)
