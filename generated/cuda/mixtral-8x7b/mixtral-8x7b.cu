@@ -342,8 +342,7 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
 // thread, every thread ranks its experts among all E at once (one pass over their keys in shared
 // memory) instead of warp 0's chain of TOPK warp-wide picks, which keeps the other warps idle,
 // and warp 0 works out the softmax as route_logits does; past that, warp 0 runs route_logits.
-// Whole KB of shared memory, so that the GEMM's copy rings beside it keep their alignment
-// (measured on the H200: with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
+
 // From 33 experts up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares an
 // expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
 // search's two extra barriers cost more than the picks: measured on Mixtral's 8).
@@ -352,6 +351,10 @@ __host__ __device__ constexpr bool ranks_experts(int threads) {
   return E > 32 && E <= RANK_EXPERTS_PER_THREAD * threads;
 }
 constexpr int KEYS = (E + 3) / 4 * 4;  // the keys, padded with 0 (below every logit's key)
+
+// The routing of a CTA of THREADS: the keys only where it ranks them. Whole KB of shared
+// memory, so that the GEMM's copy rings beside it keep their alignment (measured on the H200:
+// with the rings 544 bytes on, Mixtral's T = 1 call took 22 us longer).
 template <int BLOCK, int THREADS>
 struct alignas(1024) OneTokenRouting {
   union {
