@@ -343,12 +343,13 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
 // memory) instead of warp 0's chain of TOPK warp-wide picks, which keeps the other warps idle,
 // and warp 0 works out the softmax as route_logits does; past that, warp 0 runs route_logits.
 
-// From 33 experts up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares an
-// expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
+// From RANK_MIN_EXPERTS up to RANK_EXPERTS_PER_THREAD a thread the CTA ranks them (E compares
+// an expert); else warp 0 picks them as the router kernel does (up to 32, one a lane, the rank
 // search's two extra barriers cost more than the picks: measured on Mixtral's 8).
+constexpr int RANK_MIN_EXPERTS = 33;
 constexpr int RANK_EXPERTS_PER_THREAD = 2;
 __host__ __device__ constexpr bool ranks_experts(int threads) {
-  return E > 32 && E <= RANK_EXPERTS_PER_THREAD * threads;
+  return E >= RANK_MIN_EXPERTS && E <= RANK_EXPERTS_PER_THREAD * threads;
 }
 constexpr int KEYS = (E + 3) / 4 * 4;  // the keys, padded with 0 (below every logit's key)
 

@@ -218,15 +218,17 @@ def tall_shared_bytes(block: int, stages: int, block_k: int, zeros: bool = False
     return max(tall, wide)
 
 
-# One token's routing in a GEMM CTA ranks the experts where there are more than 32 and at most
-# this many a thread (the template's ranks_experts); else warp 0 picks them one at a time.
+# One token's routing in a GEMM CTA ranks the experts from RANK_MIN_EXPERTS up to
+# RANK_EXPERTS_PER_THREAD a thread (the template's ranks_experts, which these are rendered
+# into); else warp 0 picks them one at a time.
+RANK_MIN_EXPERTS = 33
 RANK_EXPERTS_PER_THREAD = 2
 
 
 def ranks_experts(experts: int, threads: int) -> bool:
     """Whether a CTA of `threads` routes one token by ranking its experts (it then keeps one
     key an expert in shared memory)."""
-    return 32 < experts <= RANK_EXPERTS_PER_THREAD * threads
+    return RANK_MIN_EXPERTS <= experts <= RANK_EXPERTS_PER_THREAD * threads
 
 
 def one_token_routing_bytes(experts: int, top_k: int, block: int, threads: int) -> int:

@@ -14,9 +14,9 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
-from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, RANK_EXPERTS_PER_THREAD, align_up,
-                                  tall_shared_bytes, tall_wide_block_k, wide_resident_ctas,
-                                  wide_split_fill_ctas)
+from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, RANK_EXPERTS_PER_THREAD,
+                                  RANK_MIN_EXPERTS, align_up, tall_shared_bytes,
+                                  tall_wide_block_k, wide_resident_ctas, wide_split_fill_ctas)
 from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
@@ -292,7 +292,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                     gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
-                    gemm_route=gemm_route, RANK_EXPERTS_PER_THREAD=RANK_EXPERTS_PER_THREAD,
+                    gemm_route=gemm_route, RANK_MIN_EXPERTS=RANK_MIN_EXPERTS,
+                    RANK_EXPERTS_PER_THREAD=RANK_EXPERTS_PER_THREAD,
                     bf16=spec.dtype == "bfloat16", zero_points=zeros,
                     act_order=act_order, one_launch=one_launch)
 
