@@ -7,6 +7,7 @@ import pytest
 
 import moegen
 from moegen import reference as R
+from moegen.ir import interp
 from conftest import ROOT
 from gpu_cases import layer_for, moe_spec, moe_weights
 
@@ -527,6 +528,57 @@ def test_router_weights_a_lane_each(rng, e, k, renormalize):
 ALIGNED = ("sorted_token_ids", "topk_weights_flat", "expert_ids", "num_tokens_post_padded")
 
 
+def aligned_outputs(layer, t):
+    """What the last call's align wrote: padded total, then sorted slots, block experts and
+    flat weights up to it, and the call's moe block."""
+    ws = layer.workspace
+    total = int(cp.asnumpy(layer._view(cp, ws, "num_tokens_post_padded", cp.int32, 1))[0])
+    block = next(b for edge, b in layer.plan["buckets"] if t <= edge)
+    return total, block, {name: cp.asnumpy(layer._view(cp, ws, name, dtype, n)) for name, dtype, n
+                          in (("sorted_token_ids", cp.int32, total),
+                              ("topk_weights_flat", cp.float32, total),
+                              ("expert_ids", cp.int32, total // block))}
+
+
+def poison_aligned(layer):
+    for name in ALIGNED:
+        b = layer.plan["workspace"]["buffers"][name]
+        layer.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
+
+
+@pytest.mark.parametrize("e,k", [(8, 2), (128, 8), (512, 6)])
+def test_align_matches_reference(rng, e, k):
+    """The align kernel from decode to prefill sizes (one round of slots written from the
+    lanes; staged passes: a part one, whole ones, several and a part one after them), over a uniform router and one that sends most slots to a few
+    experts, with some slots another rank's (ids -1 and E): the padded total, sorted slots,
+    block experts and weights of the reference, bit for bit."""
+    h, i = 256, 128
+    layer = layer_for(moe_spec(h, i, e, k, tokens_max=8192))
+    packed = layer.pack(*moe_weights(rng, e, h, i, 128))
+    for t in (17, 333, 1024, 2500, 8192):
+        for skew in (False, True):
+            p = None
+            if skew:
+                p = np.full(e, 0.1 / e)
+                p[:max(k + 1, e // 8)] += 0.9 / max(k + 1, e // 8)
+                p /= p.sum()
+            ids = np.stack([rng.choice(e, k, replace=False, p=p) for _ in range(t)]).astype(np.int32)
+            other = rng.random(ids.shape) < 0.05
+            ids[other] = rng.choice(np.array([-1, e], np.int32), int(other.sum()))
+            w = rng.random((t, k), dtype=np.float32) + 0.5
+            x = rng.standard_normal((t, h)).astype(np.float16)
+            poison_aligned(layer)
+            layer(cp.asarray(x), packed, topk_ids=cp.asarray(ids), topk_weights=cp.asarray(w))
+            total, block, got = aligned_outputs(layer, t)
+            want_ids, want_experts, want_w, want_total = interp.align(ids, w, e, block)
+            case = f"T={t} skew={skew} block={block}"
+            assert total == int(want_total[0]), case
+            assert np.array_equal(got["sorted_token_ids"], want_ids[:total]), case
+            assert np.array_equal(got["expert_ids"], want_experts[:total // block]), case
+            assert np.array_equal(got["topk_weights_flat"].view(np.uint32),
+                                  want_w[:total].view(np.uint32)), case
+
+
 @pytest.mark.parametrize("shape,tokens,tile", [
     ((256, 128, 128, 8), (1, 5, 16), ""), ((256, 128, 64, 16), (1, 15, 16), ""),
     ((256, 128, 128, 8), (1, 17, 63, 64), "{router=shuffle,route-align-tokens=64}"),
@@ -544,21 +596,13 @@ def test_fused_route_align_matches_router_then_align(rng, shape, tokens, tile):
         layer.route_align_max_tokens = limit
         layer.gemm_route = False                      # T = 1 through the align buffers too
         try:
-            for name in ALIGNED:                      # poison what align writes
-                b = layer.plan["workspace"]["buffers"][name]
-                layer.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
+            poison_aligned(layer)                     # what align writes
             layer.out.fill(POISON)
             y = cp.asnumpy(layer(x, logits, packed)).view(np.uint16)
         finally:
             layer.route_align_max_tokens = most
             layer.gemm_route = layer.plan["gemm_route"]
-        t = x.shape[0]
-        ws = layer.workspace
-        total = int(cp.asnumpy(layer._view(cp, ws, "num_tokens_post_padded", cp.int32, 1))[0])
-        block = next(b for edge, b in layer.plan["buckets"] if t <= edge)
-        got = {name: cp.asnumpy(layer._view(cp, ws, name, dtype, n)) for name, dtype, n in (
-            ("sorted_token_ids", cp.int32, total), ("topk_weights_flat", cp.float32, total),
-            ("expert_ids", cp.int32, total // block))}       # (the top-k buffers are reused)
+        total, _, got = aligned_outputs(layer, x.shape[0])   # (the top-k buffers are reused)
         return y, total, got
 
     for t in tokens:

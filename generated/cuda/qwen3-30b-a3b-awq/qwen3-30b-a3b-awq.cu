@@ -181,12 +181,23 @@ extern "C" __global__ void __launch_bounds__(ROUTER_WARPS * 32)
 // expert's run padded to the moe block with the sentinel num_slots; the expert of every block;
 // the routing weights beside the sorted ids (0 at padding); the padded total. A slot whose
 // expert id lies outside [0, E) (given by the caller: another rank's expert) is in no block.
+// The slots go in passes of up to ALIGN_ROUNDS a lane: warp w takes 32 x rounds consecutive
+// slots of the pass, so a lane's loads of a pass are all in flight at once. A pass's sorted
+// slots are staged in shared memory grouped by expert, then each expert's run is written out
+// by one warp in consecutive stores: written straight from each lane, every store of a warp
+// went to up to 32 sectors, and the CTA's one SM spent most of a prefill call's align on them.
+// A call of one round (decode) writes straight from the lanes: staging costs it more.
 constexpr int ALIGN_THREADS = 512;
 constexpr int ALIGN_WARPS = ALIGN_THREADS / 32;
+constexpr int ALIGN_ROUNDS = E <= 128 ? 8 : 4;  // (the staging within 48 KB of shared memory)
+constexpr int ALIGN_PASS = ALIGN_THREADS * ALIGN_ROUNDS;
 
 struct AlignShared {
   int counts[E], offsets[E], cursor[E];
-  int warp_counts[ALIGN_WARPS][E];
+  int pass_counts[E], pass_offsets[E];         // this pass's slots of each expert, their stage
+  unsigned short warp_counts[ALIGN_WARPS][E];  // a warp's slots of each expert in this pass
+  int staged_slot[ALIGN_PASS];
+  float staged_weight[ALIGN_PASS];
   int total;
 };
 
@@ -197,95 +208,208 @@ __device__ __forceinline__ void align_clear_counts(AlignShared& sh) {
   }
 }
 
+// Warp 0 only: the exclusive scan over the experts of value(e), into out[e] (and out2[e] where
+// given), CHUNK experts a lane; returns the total.
+template <class Value>
+__device__ __forceinline__ int warp_scan_experts(Value value, int* out, int* out2 = nullptr) {
+  constexpr int CHUNK = (E + 31) / 32;
+  const int lane = threadIdx.x % 32;
+  int local = 0;
+  for (int i = 0; i < CHUNK; ++i) {
+    const int e = lane * CHUNK + i;
+    if (e < E) local += value(e);
+  }
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  int run = incl - local;
+  for (int i = 0; i < CHUNK; ++i) {
+    const int e = lane * CHUNK + i;
+    if (e < E) {
+      out[e] = run;
+      if (out2 != nullptr) out2[e] = run;
+      run += value(e);
+    }
+  }
+  return __shfl_sync(0xffffffffu, incl, 31);
+}
+
+// One pass over slots base ..: this lane's slots (round r: slot(r)) and their experts (-1 for a
+// skipped slot, one past the end, or a round past `rounds`).
+struct AlignPass {
+  int base, rounds;
+  int expert[ALIGN_ROUNDS];
+
+  __device__ __forceinline__ AlignPass(const int* ids, int num_slots, int first) : base(first) {
+    const int left = num_slots - base;
+    rounds = min(ALIGN_ROUNDS, (left + ALIGN_THREADS - 1) / ALIGN_THREADS);
+#pragma unroll
+    for (int r = 0; r < ALIGN_ROUNDS; ++r) {
+      const int s = slot(r);
+      const int id = r < rounds && s < num_slots ? ids[s] : -1;
+      expert[r] = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;  // (skipped)
+    }
+  }
+  __device__ __forceinline__ int slot(int r) const {
+    return base + ((threadIdx.x / 32) * rounds + r) * 32 + threadIdx.x % 32;
+  }
+  __device__ __forceinline__ int end() const { return base + ALIGN_THREADS * rounds; }
+};
+
+// The pass's slots counted per expert (one shared atomic per expert a warp meets in a round).
+__device__ __forceinline__ void align_count(AlignShared& sh, const AlignPass& p) {
+  const unsigned lanes_below = (1u << (threadIdx.x % 32)) - 1u;
+#pragma unroll
+  for (int r = 0; r < ALIGN_ROUNDS; ++r) {
+    if (r >= p.rounds) break;  // (the same for every lane)
+    const int e = p.expert[r];
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && (same & lanes_below) == 0) atomicAdd(&sh.counts[e], __popc(same));
+  }
+}
+
+// The pass's slots written in order: each lane's place among its warp's slots of its expert
+// (the warp's rounds are in slot order); each warp's first place per expert (a scan over the
+// warps) and the pass's count per expert; where each expert's run is staged (a scan over the
+// experts); the slots staged; each expert's run copied out after the expert's cursor.
+// Leaves warp_counts zero.
+__device__ __forceinline__ void align_scatter(AlignShared& sh, const AlignPass& p,
+                                              const float* weights, int* __restrict__ sorted_ids,
+                                              float* __restrict__ weights_flat) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  float weight[ALIGN_ROUNDS];
+#pragma unroll
+  for (int r = 0; r < ALIGN_ROUNDS; ++r)  // in flight while the places are worked out
+    weight[r] = p.expert[r] >= 0 ? weights[p.slot(r)] : 0.0f;
+  int place[ALIGN_ROUNDS];
+#pragma unroll
+  for (int r = 0; r < ALIGN_ROUNDS; ++r) {
+    if (r >= p.rounds) break;
+    const int e = p.expert[r];
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    const int before = e >= 0 ? sh.warp_counts[warp][e] : 0;
+    __syncwarp();
+    if (e >= 0 && (same & lanes_below) == 0) sh.warp_counts[warp][e] = before + __popc(same);
+    __syncwarp();
+    place[r] = before + __popc(same & lanes_below);
+  }
+  __syncthreads();  // (and the last pass's copy-out is done with the stage)
+  for (int x = tid; x < E; x += ALIGN_THREADS) {  // warp_counts becomes each warp's first place
+    int run = 0;
+    for (int w = 0; w < ALIGN_WARPS; ++w) {
+      const int n = sh.warp_counts[w][x];
+      sh.warp_counts[w][x] = run;
+      run += n;
+    }
+    sh.pass_counts[x] = run;
+  }
+  __syncthreads();
+  if (warp == 0) warp_scan_experts([&](int e) { return sh.pass_counts[e]; }, sh.pass_offsets);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < ALIGN_ROUNDS; ++r) {
+    if (r >= p.rounds) break;
+    const int e = p.expert[r];
+    if (e < 0) continue;
+    const int at = sh.pass_offsets[e] + sh.warp_counts[warp][e] + place[r];
+    sh.staged_slot[at] = p.slot(r);
+    sh.staged_weight[at] = weight[r];
+  }
+  __syncthreads();
+  for (int x = lane; x < E; x += 32) sh.warp_counts[warp][x] = 0;  // (no other warp reads it now)
+  for (int e = warp; e < E; e += ALIGN_WARPS) {  // warp e % ALIGN_WARPS owns expert e's cursor
+    const int n = sh.pass_counts[e], from = sh.pass_offsets[e], to = sh.cursor[e];
+    for (int i = lane; i < n; i += 32) {
+      sorted_ids[to + i] = sh.staged_slot[from + i];
+      weights_flat[to + i] = sh.staged_weight[from + i];
+    }
+    if (lane == 0) sh.cursor[e] = to + n;
+  }
+  __syncwarp();
+}
+
+// A call of one round (at most ALIGN_THREADS slots, slot = thread): each lane's place among its
+// warp's slots of its expert, then written straight from the lanes (too few stores to stage).
+__device__ __forceinline__ void align_scatter_once(AlignShared& sh, const AlignPass& p,
+                                                   const float* weights,
+                                                   int* __restrict__ sorted_ids,
+                                                   float* __restrict__ weights_flat) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int e = p.expert[0];
+  const float weight = e >= 0 ? weights[tid] : 0.0f;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(same & ((1u << lane) - 1u));
+  if (e >= 0 && rank == 0) sh.warp_counts[warp][e] = __popc(same);
+  __syncthreads();
+  if (e < 0) return;
+  int before = 0;
+  for (int w = 0; w < warp; ++w) before += sh.warp_counts[w][e];
+  const int pos = sh.cursor[e] + before + rank;
+  sorted_ids[pos] = tid;
+  weights_flat[pos] = weight;
+}
+
 // Everything after the per-expert counts (in sh.counts, synchronized): offsets, padding,
-// expert of each block, and the slots in order. ids / weights: global or shared memory.
-__device__ __forceinline__ void align_slots(AlignShared& sh, const int* ids, const float* weights,
-                                            int num_slots, int block, int* __restrict__ sorted_ids,
+// expert of each block, and the slots in order, from `first` (the first pass, loaded) on.
+// ids / weights: global or shared memory.
+__device__ __forceinline__ void align_slots(AlignShared& sh, const AlignPass& first, const int* ids,
+                                            const float* weights, int num_slots, int block,
+                                            int* __restrict__ sorted_ids,
                                             int* __restrict__ expert_ids,
                                             float* __restrict__ weights_flat,
                                             int* __restrict__ total_out) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (warp == 0) {  // exclusive scan of the padded counts, CHUNK experts per lane
-    constexpr int CHUNK = (E + 31) / 32;
-    int local = 0;
-    for (int i = 0; i < CHUNK; ++i) {
-      const int e = lane * CHUNK + i;
-      if (e < E) local += (sh.counts[e] + block - 1) / block * block;
-    }
-    int incl = local;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int up = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += up;
-    }
-    int run = incl - local;
-    for (int i = 0; i < CHUNK; ++i) {
-      const int e = lane * CHUNK + i;
-      if (e < E) {
-        sh.offsets[e] = run;
-        sh.cursor[e] = run;
-        run += (sh.counts[e] + block - 1) / block * block;
-      }
-    }
-    if (lane == 31) sh.total = incl;
+  if (warp == 0) {  // each expert's run padded to the block
+    const int total = warp_scan_experts(
+        [&](int e) { return (sh.counts[e] + block - 1) / block * block; }, sh.offsets, sh.cursor);
+    if (lane == 0) sh.total = total;
   }
   __syncthreads();
   const int total = sh.total;
   if (tid == 0) *total_out = total;
-  for (int r = tid; r < total; r += ALIGN_THREADS) {
+  for (int r = tid; r < total; r += ALIGN_THREADS) {  // (the slots overwrite theirs below)
     sorted_ids[r] = num_slots;
     weights_flat[r] = 0.0f;
   }
   for (int e = tid; e < E; e += ALIGN_THREADS) {
-    const int first = sh.offsets[e] / block;
+    const int first_block = sh.offsets[e] / block;
     const int blocks = (sh.counts[e] + block - 1) / block;
-    for (int b = 0; b < blocks; ++b) expert_ids[first + b] = e;
+    for (int b = 0; b < blocks; ++b) expert_ids[first_block + b] = e;
   }
-  __syncthreads();
-  const unsigned lanes_below = (1u << lane) - 1u;
-  for (int base = 0; base < num_slots; base += ALIGN_THREADS) {
-    const int s = base + tid;
-    const int id = s < num_slots ? ids[s] : -1;
-    const int e = static_cast<unsigned>(id) < static_cast<unsigned>(E) ? id : -1;  // (skipped)
-    const unsigned same = __match_any_sync(0xffffffffu, e);
-    const int rank = __popc(same & lanes_below);
-    if (e >= 0 && rank == 0) sh.warp_counts[warp][e] = __popc(same);
-    __syncthreads();
-    if (e >= 0) {
-      int before = 0;
-      for (int w = 0; w < warp; ++w) before += sh.warp_counts[w][e];
-      const int pos = sh.cursor[e] + before + rank;
-      sorted_ids[pos] = s;
-      weights_flat[pos] = weights[s];
-    }
-    __syncthreads();
-    for (int x = tid; x < E; x += ALIGN_THREADS) {
-      int n = 0;
-      for (int w = 0; w < ALIGN_WARPS; ++w) {
-        n += sh.warp_counts[w][x];
-        sh.warp_counts[w][x] = 0;
-      }
-      sh.cursor[x] += n;
-    }
-    __syncthreads();
+  if (num_slots <= ALIGN_THREADS) {  // (the first barrier of either orders the padding first)
+    align_scatter_once(sh, first, weights, sorted_ids, weights_flat);
+    return;
+  }
+  align_scatter(sh, first, weights, sorted_ids, weights_flat);
+  for (int base = first.end(); base < num_slots;) {
+    const AlignPass p(ids, num_slots, base);
+    align_scatter(sh, p, weights, sorted_ids, weights_flat);
+    base = p.end();
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ALIGN_THREADS)
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)  // (one CTA)
     moe_align(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
               int num_slots, int block, int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
               float* __restrict__ weights_flat, int* __restrict__ total_out) {
   moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
   align_clear_counts(sh);
+  const AlignPass first(topk_ids, num_slots, 0);  // kept for the first scatter pass
   __syncthreads();
-  for (int s = threadIdx.x; s < num_slots; s += ALIGN_THREADS) {
-    const int e = topk_ids[s];
-    if (static_cast<unsigned>(e) < static_cast<unsigned>(E)) atomicAdd(&sh.counts[e], 1);
+  align_count(sh, first);
+  for (int base = first.end(); base < num_slots;) {
+    const AlignPass p(topk_ids, num_slots, base);
+    align_count(sh, p);
+    base = p.end();
   }
   __syncthreads();
-  align_slots(sh, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids, weights_flat,
-              total_out);
+  align_slots(sh, first, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids,
+              weights_flat, total_out);
 }
 
 // Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
@@ -330,8 +454,8 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
     });
   }
   __syncthreads();
-  align_slots(sh, ids, weights, num_tokens * TOPK, block, sorted_ids, expert_ids, weights_flat,
-              total_out);
+  align_slots(sh, AlignPass(ids, num_tokens * TOPK, 0), ids, weights, num_tokens * TOPK, block,
+              sorted_ids, expert_ids, weights_flat, total_out);
 }
 
 // ---------------------------------------------------------------------------------------------
