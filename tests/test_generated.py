@@ -414,6 +414,15 @@ def ptx_entries(ptx: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def source_ptx_entries(tmp_path, src, arch: str) -> dict[str, str]:
+    """ptx_entries of a CUDA source compiled for `arch`."""
+    ptx_path = tmp_path / f"{arch}.ptx"
+    proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
+                           str(ptx_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return ptx_entries(ptx_path.read_text())
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_only_the_checked_top_k_sum_reads_ids(tmp_path):
     """moe_aggregate (the layer's own routing) takes no ids and reads only the down rows, one
@@ -467,11 +476,7 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     releases = k_split | routing | {plan["gemms"][1]["variants"][0]["route_kernel"],
                                     "moe_align", "moe_route_align"}
     for arch in ("sm_90a", "sm_80"):
-        ptx_path = tmp_path / f"{arch}.ptx"
-        proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
-                               str(ptx_path)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        entries = ptx_entries(ptx_path.read_text())
+        entries = source_ptx_entries(tmp_path, src, arch)
         for name, body in entries.items():
             if arch == "sm_80":
                 assert "griddepcontrol" not in body, name
@@ -799,3 +804,47 @@ def test_named_template_arguments_match_the_header():
 def _msd_seed_dict() -> dict:
     import yaml
     return yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path):
+    """tile{align-chunked-from=N}: the plan lists the two chunked align kernels (a CTA a chunk
+    of align_chunk slots) and sizes their counts after the rest of the workspace, for the most
+    slots a call has; the second launch follows the first with PDL, releasing gate/up at its
+    start and reading nothing before its wait, and sm_80 has neither instruction. Without the
+    option (the default) neither kernel is emitted and the counts take no bytes."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    plain = json.loads(emit(spec, "cuda")["qwen3-30b-a3b.launch.json"])
+    assert plain["align_chunked_from"] == 0 and plain["workspace"]["align_counts"]["bytes"] == 0
+    assert not {"moe_align_count", "moe_align_chunk"} & {k["name"] for k in plain["kernels"]}
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc")
+    plan = json.loads(files["qwen3-30b-a3b.launch.json"])
+    kernels = {k["name"]: k for k in plan["kernels"]}
+    assert plan["align_chunked_from"] == 2049
+    assert kernels["moe_align"]["when"].endswith("T*K < 2049")
+    for name in ("moe_align_count", "moe_align_chunk"):
+        assert kernels[name]["when"].startswith("T*K >= 2049")
+        assert kernels[name]["grid"][0] == f"ceil(T*K / {plan['align_chunk']})"
+    assert "launch" in kernels["moe_align_chunk"] and "launch" not in kernels["moe_align_count"]
+    ws = plan["workspace"]
+    chunks = -(-spec.tokens.max * spec.moe.top_k // plan["align_chunk"])
+    assert ws["align_counts"]["bytes"] == chunks * spec.moe.num_experts * 4
+    assert ws["partials"]["offset"] + ws["partials"]["bytes"] <= ws["align_counts"]["offset"]
+    assert ws["align_counts"]["offset"] + ws["align_counts"]["bytes"] <= ws["bytes"]
+    src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
+    for arch in ("sm_90a", "sm_80"):
+        entries = source_ptx_entries(tmp_path, src, arch)
+        count, chunk = entries["moe_align_count"], entries["moe_align_chunk"]
+        if arch == "sm_80":
+            assert "griddepcontrol" not in count + chunk
+            continue
+        assert "griddepcontrol.launch_dependents" in count and "griddepcontrol.wait" not in count
+        before = chunk[:chunk.index("griddepcontrol.wait")]
+        assert "griddepcontrol.launch_dependents" in before
+        assert not re.search(r"\bld\.(global|shared)|cp\.async", before)
+
+
+def test_align_chunked_from_must_not_be_negative():
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    with pytest.raises(PipelineError, match=r"align-chunked-from"):
+        emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{align-chunked-from=-1},alloc")

@@ -94,6 +94,10 @@ MoE (`moe_w4a16`):
   of one block and warp count, gate/up ends in SwiGLU and the spec has no act-order (an error
   where asked otherwise). Measured on the H200 it is slower than the three launches it
   replaces (Qwen3-30B-A3B 23.6 against 18.4 us; docs/DESIGN.md).
+- Align, on ``moe.align``: ``chunked_from`` (``align-chunked-from=N``; 0, one CTA, by default):
+  calls of at least N slots (T*K) align in chunks of ALIGN_CHUNK slots, a CTA each, in two
+  launches (per-chunk counts, then each chunk's slots in place), instead of one CTA; the same
+  outputs. Not yet measured against the one CTA, so off by default.
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -126,7 +130,7 @@ from ..tile_model import TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
 from .base import Context, Option, Pass, PipelineError
-from .tiling.cta import GEMM_ROUTE_MAX_TOPK, WGMMA_ARCHS, WIDE_WARP_ROWS
+from .tiling.cta import ALIGN_CHUNK, GEMM_ROUTE_MAX_TOPK, WGMMA_ARCHS, WIDE_WARP_ROWS
 from .tiling.gemm_cta import GemmTiling
 from .tiling.moe_buckets import FEW_EXPERTS, TALL_SLOTS, TALL_SLOTS_FEW
 from .tiling.moe_tile import MoeTiling
@@ -182,6 +186,10 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
                          choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
                                                 "align kernel (0: never)", minimum=0),
+        "align-chunked-from": Option(int, 0, "MoE: calls of at least N slots (T*K) align in "
+                                             f"chunks of {ALIGN_CHUNK} slots, a CTA each, in "
+                                             "two launches; 0 (the default) always in one CTA",
+                                     minimum=0),
         "route-in-gemm": Option(int, None, "MoE: 1 (the default where top_k <= "
                                            f"{GEMM_ROUTE_MAX_TOPK}) routes a call of one token "
                                            "with router logits inside every CTA of both GEMMs, "

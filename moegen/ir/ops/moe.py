@@ -147,15 +147,19 @@ class MarlinIndicesOp(Op):
 
 
 class AlignOp(Op):
-    """count + pad_scan + slot_lists + marlin_indices in one op (after the fuse-align pass)."""
+    """count + pad_scan + slot_lists + marlin_indices in one op (after the fuse-align pass).
+
+    Kernel choice (the tile pass records it): chunked_from, from how many slots (T*K) the
+    routing runs in chunks, a CTA each, rather than in one CTA (0: never)."""
     NAME = "moe.align"
     OPERANDS = ("ids", "weights")
     RESULTS = ("sorted_ids", "expert_ids", "weights_flat", "total")
     ATTRS = {"num_experts": Attr("dim"), "block": Attr("dim"), "capacity_block": Attr("dim"),
-             **TILE_ATTRS}
+             "chunked_from": Attr("int", 0, choice=True), **TILE_ATTRS}
 
     def verify(self):
         t, k = self.tensor(self.operands[0], "ids", "i32", 2).shape
+        self.check(self.attr("chunked_from") >= 0, "attribute chunked_from must be >= 0")
         w = self.tensor(self.operands[1], "weights", "f32", 2)
         self.check(w.shape == (t, k), f"weights {w} must have the shape of ids")
         _block_attr_ok(self)

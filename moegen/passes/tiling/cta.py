@@ -21,6 +21,7 @@ CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per S
 # gate/up GEMM at T = 1 (256 a CTA of 2 warps) was 3% slower split 2
 DECODE_CTA_STEPS = 256
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
+ALIGN_CHUNK = 1024          # slots of a CTA of the chunked align (tile{align-chunked-from})
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 # A call of one token with router logits is routed inside every CTA of both GEMMs (route-in-gemm),

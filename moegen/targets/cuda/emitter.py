@@ -14,9 +14,10 @@ from ..header import file_header
 from ...ir import Module
 from ...ir.ops.moe import EPILOGUES
 from ...passes.pipelines import require_passes
-from ...passes.tiling.cta import (ALIGN_WARPS, GEMM_TILE, RANK_EXPERTS_PER_THREAD,
-                                  RANK_MIN_EXPERTS, align_up, tall_shared_bytes,
-                                  tall_wide_block_k, wide_resident_ctas, wide_split_fill_ctas)
+from ...passes.tiling.cta import (ALIGN_CHUNK, ALIGN_WARPS, GEMM_TILE,
+                                  RANK_EXPERTS_PER_THREAD, RANK_MIN_EXPERTS, align_up,
+                                  tall_shared_bytes, tall_wide_block_k, wide_resident_ctas,
+                                  wide_split_fill_ctas)
 from ...passes.tiling.moe_buckets import starts_with_single_token_bucket
 from ...build import ACTIVATION_TYPES
 from ...render import render
@@ -198,11 +199,12 @@ def _one_launch(spec: Spec, gemms: list, asked: bool) -> dict | None:
 
 
 def _workspace(spec: Spec, module: Module, gemms: list, summed: bool,
-               one_launch: dict | None) -> tuple[dict, dict]:
+               one_launch: dict | None, chunked_from: int) -> tuple[dict, dict]:
     """The launch plan's workspace and state. The workspace is scratch a call fills before it
     reads it, so layers on one stream share it (runtime: workspace.py): the alloc pass's arena
     (its buffers by result name), then the split-K partial sums sized for the largest split
-    bucket, then (act-order) the GEMMs' activations gathered per slot. The state is the layer's
+    bucket, then (act-order) the GEMMs' activations gathered per slot, then (where a call can
+    have `chunked_from` slots) the chunked align's counts. The state is the layer's
     own, zero between calls (the kernels leave it so): the split-K arrival counters, then
     (topk_sum) one arrival counter per column tile of the down GEMM, then the one-launch
     kernel's."""
@@ -236,11 +238,18 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool,
                             "type": f"tensor<{spec.tokens.max * m.top_k}x{g.kdim}x"
                                     f"{ACTIVATION_TYPES[spec.dtype]}>"}
             total += align_up(nbytes, align)
+    # the chunked align's counts: [chunks, E] int32 for the most slots a call has
+    slots = spec.tokens.max * m.top_k
+    chunks = -(-slots // ALIGN_CHUNK) if 0 < chunked_from <= slots else 0
+    counts_bytes = chunks * m.num_experts * 4
+    align_counts = {"offset": total, "bytes": counts_bytes}
+    total += align_up(counts_bytes, align)
     # topk_sum: one arrival counter per column tile of the down GEMM, after the split-K ones
     sum_counters_at = max(align_up(counter_ints * 4, align), align)
     sum_counter_ints = gemms[1].ntiles if summed else 0
     workspace = {"bytes": total, "alignment": align, "arena_bytes": arena, "buffers": offsets,
-                 "partials": {"offset": partials_at, "bytes": partial_bytes}}
+                 "partials": {"offset": partials_at, "bytes": partial_bytes},
+                 "align_counts": align_counts}
     one_at = sum_counters_at + align_up(sum_counter_ints * 4, align)
     one_ints = one_launch["state_ints"] if one_launch else 0
     state = {"bytes": one_at + align_up(one_ints * 4, align),
@@ -264,6 +273,7 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
             ("alloc", "workspace" in module.attrs)) if not ran])
     router = fn.op("moe.topk_softmax")
     fused_tokens = router.attr("align_tokens")
+    chunked_from = fn.op("moe.align").attr("chunked_from")    # 0: align in one CTA
     gemms = _gemm_plans(module, gpu or gpu_target(arch or spec.cuda_arch))
     zeros, act_order = not spec.quant.symmetric, spec.quant.act_order
     # a call of one token with router logits is routed inside every CTA of both GEMMs where
@@ -291,13 +301,14 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
                     renormalize=m.renormalize, fuse_swiglu=fused, fuse_topk_sum=summed,
                     gemms=unique,
                     ROUTER_WARPS=ROUTER_WARPS, ALIGN_THREADS=ALIGN_THREADS,
+                    ALIGN_CHUNK=ALIGN_CHUNK, ALIGN_CHUNKED_FROM=chunked_from,
                     ROUTE_ALIGN_MAX_TOKENS=fused_tokens, router=router.attr("router"),
                     gemm_route=gemm_route, RANK_MIN_EXPERTS=RANK_MIN_EXPERTS,
                     RANK_EXPERTS_PER_THREAD=RANK_EXPERTS_PER_THREAD,
                     bf16=spec.dtype == "bfloat16", zero_points=zeros,
                     act_order=act_order, one_launch=one_launch)
 
-    workspace, state = _workspace(spec, module, gemms, summed, one_launch)
+    workspace, state = _workspace(spec, module, gemms, summed, one_launch, chunked_from)
     first = 2 if gemm_route else 1        # the fewest tokens the router or align kernel sees
     buckets = gemms[0].variants
     plan = {
@@ -316,7 +327,15 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
              "block": ROUTER_WARPS * 32,
              "when": f"router logits given, T >= {max(first, fused_tokens + 1)}"},
             {"name": "moe_align", "grid": [1, 1, 1], "block": ALIGN_THREADS,
-             "when": f"routing given, or T >= {max(first, fused_tokens + 1)}"},
+             "when": f"routing given, or T >= {max(first, fused_tokens + 1)}"
+                     + (f"; T*K < {chunked_from}" if chunked_from else "")},
+            *[{"name": name, "grid": [f"ceil(T*K / {ALIGN_CHUNK})", 1, 1], "block": ALIGN_THREADS,
+               "when": f"T*K >= {chunked_from}: {what}", **launch}
+              for name, what, launch in (
+                  ("moe_align_count", "each chunk's slots per expert", {}),
+                  ("moe_align_chunk", "a CTA a chunk writes its slots",
+                   {"launch": "programmatic dependent (sm_90 and later)"}))
+              if chunked_from],
             *[{"name": v["kernel"], "bucket_max_tokens": v["max_tokens"],
                "grid": [f"max_blocks(T, block={v['block']})", g.ntiles // v["col_tiles"],
                         v["split"]],
@@ -360,6 +379,8 @@ def emit_moe(spec: Spec, module: Module, pipeline: str, arch: str | None = None,
         "act_order": act_order,
         "router": router.attr("router"),
         "route_align_max_tokens": fused_tokens,
+        "align_chunk": ALIGN_CHUNK,
+        "align_chunked_from": chunked_from,
         "gemm_route": gemm_route,
         "one_launch": one_launch is not None,
         "max_blocks": "min(T*K, floor(T*K / block) + min(E, T*K))",

@@ -159,6 +159,7 @@ class MoeW4A16:
         self._out = None
         self.gemms = self.plan["gemms"]
         self.route_align_max_tokens = self.plan["route_align_max_tokens"]
+        self.align_chunked_from = self.plan["align_chunked_from"]   # 0: align in one CTA
         self.gemm_route = self.plan["gemm_route"]    # T = 1 with logits: routed in the GEMMs
         if self.plan["act_order"] and (self.gemm_route or self.route_align_max_tokens):
             raise ValueError("act-order gathers rows by the top-k ids in memory: the plan must "
@@ -323,8 +324,7 @@ class MoeW4A16:
                 ids = as_device(cp, topk_ids, "topk_ids", np.int32, (t, k))
                 wts = as_device(cp, topk_weights, "topk_weights", np.float32, (t, k))
                 routed_ids = ids
-            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
-                                      (ids, wts, np.int32(slots), np.int32(block), *aligned))
+            self._align(cp, ws, stream, ids, wts, slots, block, aligned)
         partials = self._partials(cp, ws)
         counters = self._counters(cp, "counters")
         blocks = max_blocks(t, k, m.num_experts, block)
@@ -377,6 +377,26 @@ class MoeW4A16:
                 launch_after_previous(kernel, grid, 256, args, stream)
             else:
                 kernel(grid, (256,), args)
+
+    def _align(self, cp, ws, stream, ids, wts, slots: int, block: int, aligned: tuple) -> None:
+        """The align launches: one CTA, or from align_chunked_from slots (where the plan has
+        it) a CTA a chunk in two launches (counts, then each chunk's slots in place)."""
+        if not 0 < self.align_chunked_from <= slots:
+            self.kernels["moe_align"]((1,), (self.threads["moe_align"],),
+                                      (ids, wts, np.int32(slots), np.int32(block), *aligned))
+            return
+        chunks = -(-slots // self.plan["align_chunk"])
+        at = self.plan["workspace"]["align_counts"]["offset"]
+        counts = cp.ndarray((chunks * self.spec.moe.num_experts,), dtype=cp.int32,
+                            memptr=ws.data + at)
+        threads = self.threads["moe_align_chunk"]
+        self.kernels["moe_align_count"]((chunks,), (threads,), (ids, np.int32(slots), counts))
+        args = (ids, wts, np.int32(slots), np.int32(block), counts, *aligned)
+        if self.pdl:
+            launch_after_previous(self.kernels["moe_align_chunk"], (chunks,), threads, args,
+                                  stream)
+        else:
+            self.kernels["moe_align_chunk"]((chunks,), (threads,), args)
 
     def _launch_one_token(self, cp, ws, xa, y, logits, weights: PackedMoeWeights) -> None:
         """T = 1 with router logits: the whole layer in the one-launch kernel (moe_one_token)."""
