@@ -58,7 +58,7 @@ class MoeTiling:
                     self._check_entry(spec, tuned_buckets, op.attr("block"))
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.align":
-                op.attrs["chunked_from"] = self.option("align-chunked-from") or 0
+                op.attrs["chunked_from"] = self.option("align-chunked-from")
             if op.NAME == "moe.topk_softmax":
                 op.attrs["router"] = self.option("router")
                 op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
