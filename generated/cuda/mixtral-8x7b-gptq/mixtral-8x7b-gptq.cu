@@ -195,9 +195,14 @@ struct AlignShared {
   int counts[E], offsets[E], cursor[E];
   int pass_counts[E], pass_offsets[E];         // this pass's slots of each expert, their stage
   unsigned short warp_counts[ALIGN_WARPS][E];  // a warp's slots of each expert in this pass
-  int staged_slot[ALIGN_PASS];
-  float staged_weight[ALIGN_PASS];
   int total;
+};
+
+// A pass's slots and weights grouped by expert, before their runs are written out: only in the
+// kernels whose calls may take more than one round.
+struct AlignStage {
+  int slot[ALIGN_PASS];
+  float weight[ALIGN_PASS];
 };
 
 __device__ __forceinline__ void align_clear_counts(AlignShared& sh) {
@@ -259,14 +264,14 @@ struct AlignPass {
 };
 
 // The pass's slots counted per expert (one shared atomic per expert a warp meets in a round).
-__device__ __forceinline__ void align_count(AlignShared& sh, const AlignPass& p) {
+__device__ __forceinline__ void align_count(int* counts, const AlignPass& p) {
   const unsigned lanes_below = (1u << (threadIdx.x % 32)) - 1u;
 #pragma unroll
   for (int r = 0; r < ALIGN_ROUNDS; ++r) {
     if (r >= p.rounds) break;  // (the same for every lane)
     const int e = p.expert[r];
     const unsigned same = __match_any_sync(0xffffffffu, e);
-    if (e >= 0 && (same & lanes_below) == 0) atomicAdd(&sh.counts[e], __popc(same));
+    if (e >= 0 && (same & lanes_below) == 0) atomicAdd(&counts[e], __popc(same));
   }
 }
 
@@ -275,8 +280,9 @@ __device__ __forceinline__ void align_count(AlignShared& sh, const AlignPass& p)
 // warps) and the pass's count per expert; where each expert's run is staged (a scan over the
 // experts); the slots staged; each expert's run copied out after the expert's cursor.
 // Leaves warp_counts zero.
-__device__ __forceinline__ void align_scatter(AlignShared& sh, const AlignPass& p,
-                                              const float* weights, int* __restrict__ sorted_ids,
+__device__ __forceinline__ void align_scatter(AlignShared& sh, AlignStage& stage,
+                                              const AlignPass& p, const float* weights,
+                                              int* __restrict__ sorted_ids,
                                               float* __restrict__ weights_flat) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const unsigned lanes_below = (1u << lane) - 1u;
@@ -315,16 +321,16 @@ __device__ __forceinline__ void align_scatter(AlignShared& sh, const AlignPass& 
     const int e = p.expert[r];
     if (e < 0) continue;
     const int at = sh.pass_offsets[e] + sh.warp_counts[warp][e] + place[r];
-    sh.staged_slot[at] = p.slot(r);
-    sh.staged_weight[at] = weight[r];
+    stage.slot[at] = p.slot(r);
+    stage.weight[at] = weight[r];
   }
   __syncthreads();
   for (int x = lane; x < E; x += 32) sh.warp_counts[warp][x] = 0;  // (no other warp reads it now)
   for (int e = warp; e < E; e += ALIGN_WARPS) {  // warp e % ALIGN_WARPS owns expert e's cursor
     const int n = sh.pass_counts[e], from = sh.pass_offsets[e], to = sh.cursor[e];
     for (int i = lane; i < n; i += 32) {
-      sorted_ids[to + i] = sh.staged_slot[from + i];
-      weights_flat[to + i] = sh.staged_weight[from + i];
+      sorted_ids[to + i] = stage.slot[from + i];
+      weights_flat[to + i] = stage.weight[from + i];
     }
     if (lane == 0) sh.cursor[e] = to + n;
   }
@@ -354,13 +360,12 @@ __device__ __forceinline__ void align_scatter_once(AlignShared& sh, const AlignP
 
 // Everything after the per-expert counts (in sh.counts, synchronized): offsets, padding,
 // expert of each block, and the slots in order, from `first` (the first pass, loaded) on.
-// ids / weights: global or shared memory.
-__device__ __forceinline__ void align_slots(AlignShared& sh, const AlignPass& first, const int* ids,
-                                            const float* weights, int num_slots, int block,
-                                            int* __restrict__ sorted_ids,
-                                            int* __restrict__ expert_ids,
-                                            float* __restrict__ weights_flat,
-                                            int* __restrict__ total_out) {
+// ids / weights: global or shared memory. stage: null only where no call has more than
+// ALIGN_THREADS slots.
+__device__ __forceinline__ void align_slots(
+    AlignShared& sh, AlignStage* stage, const AlignPass& first, const int* ids,
+    const float* weights, int num_slots, int block, int* __restrict__ sorted_ids,
+    int* __restrict__ expert_ids, float* __restrict__ weights_flat, int* __restrict__ total_out) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (warp == 0) {  // each expert's run padded to the block
     const int total = warp_scan_experts(
@@ -383,10 +388,10 @@ __device__ __forceinline__ void align_slots(AlignShared& sh, const AlignPass& fi
     align_scatter_once(sh, first, weights, sorted_ids, weights_flat);
     return;
   }
-  align_scatter(sh, first, weights, sorted_ids, weights_flat);
+  align_scatter(sh, *stage, first, weights, sorted_ids, weights_flat);
   for (int base = first.end(); base < num_slots;) {
     const AlignPass p(ids, num_slots, base);
-    align_scatter(sh, p, weights, sorted_ids, weights_flat);
+    align_scatter(sh, *stage, p, weights, sorted_ids, weights_flat);
     base = p.end();
   }
 }
@@ -397,17 +402,18 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)  // (one CTA)
               float* __restrict__ weights_flat, int* __restrict__ total_out) {
   moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
   __shared__ AlignShared sh;
+  __shared__ AlignStage stage;
   align_clear_counts(sh);
   const AlignPass first(topk_ids, num_slots, 0);  // kept for the first scatter pass
   __syncthreads();
-  align_count(sh, first);
+  align_count(sh.counts, first);
   for (int base = first.end(); base < num_slots;) {
     const AlignPass p(topk_ids, num_slots, base);
-    align_count(sh, p);
+    align_count(sh.counts, p);
     base = p.end();
   }
   __syncthreads();
-  align_slots(sh, first, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids,
+  align_slots(sh, &stage, first, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids,
               weights_flat, total_out);
 }
 
