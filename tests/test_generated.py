@@ -414,13 +414,18 @@ def ptx_entries(ptx: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def source_ptx_entries(tmp_path, src, arch: str) -> dict[str, str]:
-    """ptx_entries of a CUDA source compiled for `arch`."""
+def source_ptx(tmp_path, src, arch: str) -> str:
+    """The PTX of a CUDA source compiled for `arch`."""
     ptx_path = tmp_path / f"{arch}.ptx"
     proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
                            str(ptx_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    return ptx_entries(ptx_path.read_text())
+    return ptx_path.read_text()
+
+
+def source_ptx_entries(tmp_path, src, arch: str) -> dict[str, str]:
+    """ptx_entries of a CUDA source compiled for `arch`."""
+    return ptx_entries(source_ptx(tmp_path, src, arch))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -762,22 +767,23 @@ def test_nvcc_compiles_the_one_launch_layer(tmp_path, arch):
     """moe_one_token builds without warnings, spills or stack for examples with and without
     split-K at T = 1 and zero points; on sm_90a its CTAs count done gate/up work with a release
     and wait for it with acquire loads at GPU scope, and release no dependent launch."""
-    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "moe-seed", "qwen3-30b-a3b-awq"):
+    def build(name: str) -> tuple[str, str, str]:
         folder = tmp_path / name
         folder.mkdir()
-        spec = example_for(name, arch)
-        src = write_emitted(emit(spec, "cuda", ONE_LAUNCH), name, folder)
+        src = write_emitted(emit(example_for(name, arch), "cuda", ONE_LAUNCH), name, folder)
         log = nvcc_build(src, folder, arch)
-        assert_no_spills(log)
-        assert "moe_one_token" in log and "warning" not in log.lower(), (name, log)
-        if arch == "sm_90a":
-            ptx_path = folder / "k.ptx"
-            proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
-                                   str(ptx_path)], capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stderr
-            body = ptx_entries(ptx_path.read_text())["moe_one_token"]
-            assert "red.release.gpu.global.add" in body and "ld.acquire.gpu.global" in body
-            assert "griddepcontrol" not in body
+        if arch != "sm_90a":
+            return name, log, ""
+        return name, log, ptx_entries(source_ptx(folder, src, arch))["moe_one_token"]
+
+    names = ("qwen3-30b-a3b", "mixtral-8x7b", "moe-seed", "qwen3-30b-a3b-awq")
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for name, log, body in pool.map(build, names):
+            assert_no_spills(log)
+            assert "moe_one_token" in log and "warning" not in log.lower(), (name, log)
+            if arch == "sm_90a":
+                assert "red.release.gpu.global.add" in body and "ld.acquire.gpu.global" in body
+                assert "griddepcontrol" not in body
 
 
 def test_named_template_arguments_match_the_header():
