@@ -850,6 +850,28 @@ def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path):
         assert not re.search(r"\bld\.(global|shared)|cp\.async", before)
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_only_multi_round_align_kernels_hold_a_stage(tmp_path):
+    """moe_align and moe_align_chunk, whose calls may take more than one round, each declare
+    the stage of a pass in shared memory (a slot and a weight for each of its ALIGN_THREADS x
+    ALIGN_ROUNDS places: 512 x 8 at Qwen3's 128 experts); moe_route_align, whose calls are one
+    round, declares less shared memory in all than that stage, and moe_align_count only its
+    counts."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc")
+    entries = source_ptx_entries(tmp_path, write_emitted(files, "qwen3-30b-a3b", tmp_path),
+                                 "sm_90a")
+
+    def arrays(name):
+        return [int(n) for n in re.findall(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]",
+                                           entries[name])]
+
+    stage = 512 * 8 * (4 + 4)
+    assert stage in arrays("moe_align") and stage in arrays("moe_align_chunk")
+    assert 0 < sum(arrays("moe_route_align")) < stage
+    assert arrays("moe_align_count") == [4 * spec.moe.num_experts]
+
+
 def test_align_chunked_from_must_not_be_negative():
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     with pytest.raises(PipelineError, match=r"align-chunked-from"):

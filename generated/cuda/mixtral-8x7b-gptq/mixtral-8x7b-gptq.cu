@@ -360,8 +360,9 @@ __device__ __forceinline__ void align_scatter_once(AlignShared& sh, const AlignP
 
 // Everything after the per-expert counts (in sh.counts, synchronized): offsets, padding,
 // expert of each block, and the slots in order, from `first` (the first pass, loaded) on.
-// ids / weights: global or shared memory. stage: null only where no call has more than
-// ALIGN_THREADS slots.
+// ids / weights: global or shared memory. STAGED: a call may take more than one round, its
+// passes staged in *stage; else every call is one round (stage unused).
+template <bool STAGED>
 __device__ __forceinline__ void align_slots(
     AlignShared& sh, AlignStage* stage, const AlignPass& first, const int* ids,
     const float* weights, int num_slots, int block, int* __restrict__ sorted_ids,
@@ -384,15 +385,18 @@ __device__ __forceinline__ void align_slots(
     const int blocks = (sh.counts[e] + block - 1) / block;
     for (int b = 0; b < blocks; ++b) expert_ids[first_block + b] = e;
   }
-  if (num_slots <= ALIGN_THREADS) {  // (the first barrier of either orders the padding first)
+  // (the first barrier of either scatter orders the padding above before the slots)
+  if (!STAGED || num_slots <= ALIGN_THREADS) {
     align_scatter_once(sh, first, weights, sorted_ids, weights_flat);
     return;
   }
-  align_scatter(sh, *stage, first, weights, sorted_ids, weights_flat);
-  for (int base = first.end(); base < num_slots;) {
-    const AlignPass p(ids, num_slots, base);
-    align_scatter(sh, *stage, p, weights, sorted_ids, weights_flat);
-    base = p.end();
+  if constexpr (STAGED) {
+    align_scatter(sh, *stage, first, weights, sorted_ids, weights_flat);
+    for (int base = first.end(); base < num_slots;) {
+      const AlignPass p(ids, num_slots, base);
+      align_scatter(sh, *stage, p, weights, sorted_ids, weights_flat);
+      base = p.end();
+    }
   }
 }
 
@@ -413,8 +417,8 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)  // (one CTA)
     base = p.end();
   }
   __syncthreads();
-  align_slots(sh, &stage, first, topk_ids, topk_weights, num_slots, block, sorted_ids, expert_ids,
-              weights_flat, total_out);
+  align_slots</*STAGED=*/true>(sh, &stage, first, topk_ids, topk_weights, num_slots, block,
+                               sorted_ids, expert_ids, weights_flat, total_out);
 }
 
 // ---------------------------------------------------------------------------------------------
