@@ -240,6 +240,18 @@ __device__ __forceinline__ int warp_scan_experts(Value value, int* out, int* out
   return __shfl_sync(0xffffffffu, incl, 31);
 }
 
+// Warp 0: each expert's run padded to the block, the runs in expert order: their starts into
+// sh.offsets (and `cursor`, where given), the padded total into sh.total; then a barrier.
+__device__ __forceinline__ void align_layout(AlignShared& sh, int block, int* cursor) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (warp == 0) {
+    const int total = warp_scan_experts(
+        [&](int e) { return (sh.counts[e] + block - 1) / block * block; }, sh.offsets, cursor);
+    if (lane == 0) sh.total = total;
+  }
+  __syncthreads();
+}
+
 // One pass over slots base ..: this lane's slots (round r: slot(r)) and their experts (-1 for a
 // skipped slot, one past the end, or a round past `rounds`).
 struct AlignPass {
@@ -366,13 +378,8 @@ __device__ __forceinline__ void align_slots(
     AlignShared& sh, AlignStage* stage, const AlignPass& first, const int* ids,
     const float* weights, int num_slots, int block, int* __restrict__ sorted_ids,
     int* __restrict__ expert_ids, float* __restrict__ weights_flat, int* __restrict__ total_out) {
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (warp == 0) {  // each expert's run padded to the block
-    const int total = warp_scan_experts(
-        [&](int e) { return (sh.counts[e] + block - 1) / block * block; }, sh.offsets, sh.cursor);
-    if (lane == 0) sh.total = total;
-  }
-  __syncthreads();
+  const int tid = threadIdx.x;
+  align_layout(sh, block, sh.cursor);
   const int total = sh.total;
   if (tid == 0) *total_out = total;
   for (int r = tid; r < total; r += ALIGN_THREADS) {  // (the slots overwrite theirs below)
