@@ -383,15 +383,24 @@ def test_nvcc_compiles_msd_variants(tmp_path, arch, msd, group, lowering, pipeli
     assert_no_spills(nvcc_build(src, tmp_path, arch))
 
 
+def source_ptx(tmp_path, src, arch: str) -> str:
+    """The PTX of a CUDA source compiled for `arch`."""
+    ptx_path = tmp_path / f"{arch}.ptx"
+    proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
+                           str(ptx_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return ptx_path.read_text()
+
+
+def source_ptx_entries(tmp_path, src, arch: str) -> dict[str, str]:
+    """ptx_entries of a CUDA source compiled for `arch`."""
+    return ptx_entries(source_ptx(tmp_path, src, arch))
+
+
 def example_ptx(tmp_path, example: str) -> str:
     """The PTX of an example spec's CUDA source, for sm_90a."""
     spec = moegen.load_spec(ROOT / "examples" / f"{example}.yaml")
-    src = write_emitted(emit(spec, "cuda"), example, tmp_path)
-    ptx_path = tmp_path / "k.ptx"
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o", str(ptx_path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return ptx_path.read_text()
+    return source_ptx(tmp_path, write_emitted(emit(spec, "cuda"), example, tmp_path), "sm_90a")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -412,20 +421,6 @@ def ptx_entries(ptx: str) -> dict[str, str]:
     """PTX text per kernel entry (its name -> its body)."""
     parts = re.split(r"\.visible \.entry (\w+)\(", ptx)
     return dict(zip(parts[1::2], parts[2::2]))
-
-
-def source_ptx(tmp_path, src, arch: str) -> str:
-    """The PTX of a CUDA source compiled for `arch`."""
-    ptx_path = tmp_path / f"{arch}.ptx"
-    proc = subprocess.run([NVCC, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o",
-                           str(ptx_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return ptx_path.read_text()
-
-
-def source_ptx_entries(tmp_path, src, arch: str) -> dict[str, str]:
-    """ptx_entries of a CUDA source compiled for `arch`."""
-    return ptx_entries(source_ptx(tmp_path, src, arch))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
@@ -509,12 +504,8 @@ def test_the_wide_ctas_launch_plainly_and_stage_their_scales(tmp_path):
     spec = moegen.load_spec(ROOT / "examples" / "mixtral-8x7b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["mixtral-8x7b.launch.json"])
-    src = write_emitted(files, "mixtral-8x7b", tmp_path)
-    ptx_path = tmp_path / "k.ptx"
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_90a", "-std=c++17", str(src), "-o",
-                           str(ptx_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    entries = ptx_entries(ptx_path.read_text())
+    entries = source_ptx_entries(tmp_path, write_emitted(files, "mixtral-8x7b", tmp_path),
+                                 "sm_90a")
     up, down = plan["gemms"]
     wide = [v for v in up["variants"] + down["variants"] if v["col_tiles"] > 1]
     assert any(v["ctas_per_sm"] for v in wide) and not all(v["ctas_per_sm"] for v in wide)
@@ -812,18 +803,28 @@ def _msd_seed_dict() -> dict:
     return yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())
 
 
+CHUNKED_ALIGN = "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc"
+
+
+@pytest.fixture(scope="module")
+def chunked_qwen3(tmp_path_factory):
+    """Qwen3-30B-A3B built with the chunked align: its spec, files and CUDA source path."""
+    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    files = emit(spec, "cuda", CHUNKED_ALIGN)
+    return spec, files, write_emitted(files, "qwen3-30b-a3b", tmp_path_factory.mktemp("chunked"))
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path):
+def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path, chunked_qwen3):
     """tile{align-chunked-from=N}: the plan lists the two chunked align kernels (a CTA a chunk
     of align_chunk slots) and sizes their counts after the rest of the workspace, for the most
     slots a call has; the second launch follows the first with PDL, releasing gate/up at its
     start and reading nothing before its wait, and sm_80 has neither instruction. Without the
     option (the default) neither kernel is emitted and the counts take no bytes."""
-    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
+    spec, files, src = chunked_qwen3
     plain = json.loads(emit(spec, "cuda")["qwen3-30b-a3b.launch.json"])
     assert plain["align_chunked_from"] == 0 and plain["workspace"]["align_counts"]["bytes"] == 0
     assert not {"moe_align_count", "moe_align_chunk"} & {k["name"] for k in plain["kernels"]}
-    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     kernels = {k["name"]: k for k in plan["kernels"]}
     assert plan["align_chunked_from"] == 2049
@@ -837,7 +838,6 @@ def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path):
     assert ws["align_counts"]["bytes"] == chunks * spec.moe.num_experts * 4
     assert ws["partials"]["offset"] + ws["partials"]["bytes"] <= ws["align_counts"]["offset"]
     assert ws["align_counts"]["offset"] + ws["align_counts"]["bytes"] <= ws["bytes"]
-    src = write_emitted(files, "qwen3-30b-a3b", tmp_path)
     for arch in ("sm_90a", "sm_80"):
         entries = source_ptx_entries(tmp_path, src, arch)
         count, chunk = entries["moe_align_count"], entries["moe_align_chunk"]
@@ -851,16 +851,14 @@ def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_only_multi_round_align_kernels_hold_a_stage(tmp_path):
+def test_only_multi_round_align_kernels_hold_a_stage(tmp_path, chunked_qwen3):
     """moe_align and moe_align_chunk, whose calls may take more than one round, each declare
     the stage of a pass in shared memory (a slot and a weight for each of its ALIGN_THREADS x
     ALIGN_ROUNDS places: 512 x 8 at Qwen3's 128 experts); moe_route_align, whose calls are one
     round, declares less shared memory in all than that stage, and moe_align_count only its
     counts."""
-    spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
-    files = emit(spec, "cuda", "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc")
-    entries = source_ptx_entries(tmp_path, write_emitted(files, "qwen3-30b-a3b", tmp_path),
-                                 "sm_90a")
+    spec, _, src = chunked_qwen3
+    entries = source_ptx_entries(tmp_path, src, "sm_90a")
 
     def arrays(name):
         return [int(n) for n in re.findall(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]",
