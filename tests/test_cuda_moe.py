@@ -546,21 +546,21 @@ def poison_aligned(layer):
         layer.workspace[b["offset"]:b["offset"] + b["bytes"]].fill(0xFF)
 
 
-CHUNKED_ALIGN = "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc"
+ONE_CTA_ALIGN = "fuse-align,fuse-swiglu,tile{align-chunked-from=0},alloc"
 
 
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("e,k", [(8, 2), (128, 8), (512, 6)])
 def test_align_matches_reference(rng, e, k, chunked):
     """Align from decode to prefill sizes: one CTA (one round of slots written from the
-    lanes; staged passes: a part one, whole ones, several and a part one after them) or, with
-    tile{align-chunked-from}, from that many slots a CTA a chunk (one chunk and a part one,
-    whole chunks and a part one last), over a uniform router and one that sends most slots to
+    lanes; staged passes: a part one, whole ones, several and a part one after them), as
+    tile{align-chunked-from=0} asks, or, by default, from 2049 slots a CTA a chunk (one chunk
+    and a part one, whole chunks and a part one last), over a uniform router and one that sends most slots to
     a few experts, with some slots another rank's (ids -1 and E): the padded total, sorted
     slots, block experts and weights of the reference, bit for bit."""
     h, i = 256, 128
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=8192),
-                      **({"pipeline": CHUNKED_ALIGN} if chunked else {}))
+                      **({} if chunked else {"pipeline": ONE_CTA_ALIGN}))
     assert layer.align_chunked_from == (2049 if chunked else 0)
     packed = layer.pack(*moe_weights(rng, e, h, i, 128))
     for t in (17, 333, 1024, 2500, 8192):
@@ -588,10 +588,11 @@ def test_align_matches_reference(rng, e, k, chunked):
 
 
 def test_chunked_align_layer_matches_reference(rng):
-    """The layer with the chunked align (router, count, chunks with PDL, gate/up with PDL),
-    called plainly (router on odd T, given routing on even T) and replayed from a CUDA graph,
-    with a replay that routes every token to the same k experts: against the reference."""
-    layer = layer_for(moe_spec(1024, 512, 64, 6, tokens_max=2048), pipeline=CHUNKED_ALIGN)
+    """The layer with the chunked align, its default from 2049 slots (router, count, chunks
+    with PDL, gate/up with PDL), called plainly (router on odd T, given routing on even T) and
+    replayed from a CUDA graph, with a replay that routes every token to the same k experts:
+    against the reference."""
+    layer = layer_for(moe_spec(1024, 512, 64, 6, tokens_max=2048))
     assert layer.align_chunked_from == 2049
     # 1998 slots (one CTA), 2052 (a chunk of 4 last), 6150 (routed), 12288
     assert_matches_reference(rng, layer, (333, 342, 1025, 2048))

@@ -120,7 +120,8 @@ def test_the_k_split_gemms_follow_with_pdl():
     after the align kernel from GATE_UP_PDL_MIN_TOKENS (two), passing WAITS_FIRST = true; both
     from one in the single-token bucket (Mixtral's T = 1, whose gate/up kernel alone releases
     the down GEMM after its K loop). The wide CTAs (prefill, and Mixtral's decode bucket of
-    T = 53..64) launch plainly. The top-k sum follows the down GEMM at every T."""
+    T = 53..64) launch plainly. The top-k sum follows the down GEMM at every T, and the
+    chunked align's second launch its first (both examples' calls reach 2049 slots)."""
     for name in ("mixtral-8x7b", "qwen3-30b-a3b"):
         spec = moegen.load_spec(ROOT / "examples" / f"{name}.yaml")
         files = emit(spec, "cuda")
@@ -147,10 +148,11 @@ def test_the_k_split_gemms_follow_with_pdl():
         assert late == ({up["variants"][0]["kernel"]} if single else set())
         assert all(not v["release_after_loop"] for v in down["variants"])
         # (and the down GEMM's routing form, after the routing gate/up, which launches first;
-        # and the top-k sum, after the down GEMM at every T)
+        # the top-k sum, after the down GEMM at every T; the chunks of the align, after its
+        # counts)
         routed = {down["variants"][0]["route_kernel"]}
         assert {k["name"] for k in plan["kernels"] if "launch" in k} == \
-            follows | waits | routed | AGGREGATES
+            follows | waits | routed | AGGREGATES | {"moe_align_chunk"}
         for v in up["variants"] + down["variants"]:
             body = kernel_body(source, v["kernel"])
             if v["tall"]:               # the tall tile launches plainly
@@ -463,7 +465,8 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     no activation rows (the plain .cg copies) before it; gate/up's wait before they read or
     copy anything, and release the down GEMM only after the wait; gate/up's routing form
     (T = 1 with router logits, the call's first launch) waits for no kernel; the top-k sum
-    follows the down GEMM and reads nothing before its wait. sm_80 has neither instruction."""
+    follows the down GEMM and the chunked align's chunks its counts, each reading nothing before
+    its wait. sm_80 has neither instruction."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
     files = emit(spec, "cuda")
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
@@ -474,7 +477,9 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
     gate_up = {v["kernel"] for v in plan["gemms"][0]["variants"]}
     routing = {plan["gemms"][0]["variants"][0]["route_kernel"]}
     releases = k_split | routing | {plan["gemms"][1]["variants"][0]["route_kernel"],
-                                    "moe_align", "moe_route_align"}
+                                    "moe_align", "moe_route_align", "moe_align_count",
+                                    "moe_align_chunk"}
+    read_nothing_first = gate_up | AGGREGATES | {"moe_align_chunk"}
     for arch in ("sm_90a", "sm_80"):
         entries = source_ptx_entries(tmp_path, src, arch)
         for name, body in entries.items():
@@ -483,10 +488,10 @@ def test_the_down_gemm_copies_weights_before_it_waits(tmp_path):
                 continue
             assert ("griddepcontrol.launch_dependents" in body) == (name in releases), name
             assert ("griddepcontrol.wait" in body) == (name in follows), name
-            if name in follows and (name in gate_up or name in AGGREGATES):
+            if name in follows and name in read_nothing_first:
                 before = body[:body.index("griddepcontrol.wait")]
                 assert not re.search(r"\bld\.(global|shared)|cp\.async", before), name
-                assert (name in AGGREGATES
+                assert (name not in gate_up
                         or body.index("griddepcontrol.launch_dependents") > len(before)), name
             elif name in follows:
                 before = body[:body.index("griddepcontrol.wait")]
@@ -803,28 +808,39 @@ def _msd_seed_dict() -> dict:
     return yaml.safe_load((ROOT / "examples" / "msd-seed.yaml").read_text())
 
 
-CHUNKED_ALIGN = "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc"
+ONE_CTA_ALIGN = "fuse-align,fuse-swiglu,tile{align-chunked-from=0},alloc"
 
 
 @pytest.fixture(scope="module")
 def chunked_qwen3(tmp_path_factory):
-    """Qwen3-30B-A3B built with the chunked align: its spec, files and CUDA source path."""
+    """Qwen3-30B-A3B as built by default (calls of 2049 slots and more align chunked): its
+    spec, files and CUDA source path."""
     spec = moegen.load_spec(ROOT / "examples" / "qwen3-30b-a3b.yaml")
-    files = emit(spec, "cuda", CHUNKED_ALIGN)
+    files = emit(spec, "cuda")
     return spec, files, write_emitted(files, "qwen3-30b-a3b", tmp_path_factory.mktemp("chunked"))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_chunked_align_is_opt_in_and_follows_its_count(tmp_path, chunked_qwen3):
-    """tile{align-chunked-from=N}: the plan lists the two chunked align kernels (a CTA a chunk
-    of align_chunk slots) and sizes their counts after the rest of the workspace, for the most
-    slots a call has; the second launch follows the first with PDL, releasing gate/up at its
-    start and reading nothing before its wait, and sm_80 has neither instruction. Without the
-    option (the default) neither kernel is emitted and the counts take no bytes."""
+def test_chunked_align_by_default_follows_its_count(tmp_path, chunked_qwen3):
+    """By default a spec whose calls reach 2049 slots aligns those chunked: the plan lists the
+    two chunked align kernels (a CTA a chunk of align_chunk slots) and sizes their counts after
+    the rest of the workspace, for the most slots a call has; the second launch follows the
+    first with PDL, releasing gate/up at its start and reading nothing before its wait, and
+    sm_80 has neither instruction. With tile{align-chunked-from=0}, or where no call reaches
+    2049 slots, neither kernel is emitted and the counts take no bytes."""
     spec, files, src = chunked_qwen3
-    plain = json.loads(emit(spec, "cuda")["qwen3-30b-a3b.launch.json"])
-    assert plain["align_chunked_from"] == 0 and plain["workspace"]["align_counts"]["bytes"] == 0
-    assert not {"moe_align_count", "moe_align_chunk"} & {k["name"] for k in plain["kernels"]}
+    def with_tokens(most):     # Qwen3 with calls of up to `most` tokens (8 slots each)
+        data = yaml.safe_load((ROOT / "examples" / "qwen3-30b-a3b.yaml").read_text())
+        return moegen.load_spec(dict(data, tokens={"max": most}))
+
+    small = with_tokens(256)
+    for plain in (json.loads(emit(spec, "cuda", ONE_CTA_ALIGN)["qwen3-30b-a3b.launch.json"]),
+                  json.loads(emit(small, "cuda")["qwen3-30b-a3b.launch.json"])):
+        assert plain["align_chunked_from"] == 0
+        assert plain["workspace"]["align_counts"]["bytes"] == 0
+        assert not {"moe_align_count", "moe_align_chunk"} & {k["name"] for k in plain["kernels"]}
+    assert json.loads(emit(with_tokens(257), "cuda")["qwen3-30b-a3b.launch.json"])[
+        "align_chunked_from"] == 2049
     plan = json.loads(files["qwen3-30b-a3b.launch.json"])
     kernels = {k["name"]: k for k in plan["kernels"]}
     assert plan["align_chunked_from"] == 2049

@@ -94,10 +94,11 @@ MoE (`moe_w4a16`):
   of one block and warp count, gate/up ends in SwiGLU and the spec has no act-order (an error
   where asked otherwise). Measured on the H200 it is slower than the three launches it
   replaces (Qwen3-30B-A3B 23.6 against 18.4 us; docs/DESIGN.md).
-- Align, on ``moe.align``: ``chunked_from`` (``align-chunked-from=N``; 0, one CTA, by default):
-  calls of at least N slots (T*K) align in chunks of ALIGN_CHUNK slots, a CTA each, in two
-  launches (per-chunk counts, then each chunk's slots in place), instead of one CTA; the same
-  outputs. Not yet measured against the one CTA, so off by default.
+- Align, on ``moe.align``: ``chunked_from`` (``align-chunked-from=N``): calls of at least N
+  slots (T*K) align in chunks of ALIGN_CHUNK slots, a CTA each, in two launches (per-chunk
+  counts, then each chunk's slots in place), instead of one CTA; the same outputs. 0: always
+  one CTA. By default ALIGN_CHUNKED_FROM (2049) where tokens.max * top_k reaches it, else 0:
+  the one CTA is as fast up to about 2048 slots and slower beyond (measured in cta.py).
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -130,7 +131,8 @@ from ..tile_model import TALL_BLOCK
 from ..ir import Module
 from ..ir.ops.moe import ROUTERS
 from .base import Context, Option, Pass, PipelineError
-from .tiling.cta import ALIGN_CHUNK, GEMM_ROUTE_MAX_TOPK, WGMMA_ARCHS, WIDE_WARP_ROWS
+from .tiling.cta import (ALIGN_CHUNK, ALIGN_CHUNKED_FROM, GEMM_ROUTE_MAX_TOPK, WGMMA_ARCHS,
+                        WIDE_WARP_ROWS)
 from .tiling.gemm_cta import GemmTiling
 from .tiling.moe_buckets import FEW_EXPERTS, TALL_SLOTS, TALL_SLOTS_FEW
 from .tiling.moe_tile import MoeTiling
@@ -186,9 +188,11 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
                          choices=ROUTERS),
         "route-align-tokens": Option(int, None, "MoE: calls of up to N tokens route inside the "
                                                 "align kernel (0: never)", minimum=0),
-        "align-chunked-from": Option(int, 0, "MoE: calls of at least N slots (T*K) align in "
-                                             f"chunks of {ALIGN_CHUNK} slots, a CTA each, in "
-                                             "two launches; 0 (the default) always in one CTA",
+        "align-chunked-from": Option(int, None, "MoE: calls of at least N slots (T*K) align "
+                                                f"in chunks of {ALIGN_CHUNK} slots, a CTA each, "
+                                                "in two launches; 0: always in one CTA "
+                                                f"(default {ALIGN_CHUNKED_FROM} where a call can "
+                                                "have that many slots, else 0)",
                                      minimum=0),
         "route-in-gemm": Option(int, None, "MoE: 1 (the default where top_k <= "
                                            f"{GEMM_ROUTE_MAX_TOPK}) routes a call of one token "

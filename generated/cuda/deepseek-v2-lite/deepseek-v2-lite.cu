@@ -427,6 +427,99 @@ extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)  // (one CTA)
                                sorted_ids, expert_ids, weights_flat, total_out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Chunked align, from 2049 slots (the tile pass's align-chunked-from): the
+// one CTA above spends most of a prefill call's align time alone on one SM (61 us of Qwen3-30B-
+// A3B's 533 us call at T = 2048 on an H100). Here the slots go in chunks of ALIGN_CHUNK, a CTA
+// each, in two launches: moe_align_count counts each chunk's slots per expert; moe_align_chunk
+// sums those counts (every expert's run, and its part in the chunks before its own), lays the
+// runs out as the one CTA does, pads its share of the experts and writes its chunk's slots
+// after those of the chunks before it: the same outputs, bit for bit.
+constexpr int ALIGN_CHUNK = 1024;  // a CTA's slots: whole rounds of one pass
+static_assert(ALIGN_CHUNK % ALIGN_THREADS == 0 && ALIGN_CHUNK <= ALIGN_PASS,
+              "a chunk is whole rounds of one pass");
+
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
+    moe_align_count(const int* __restrict__ topk_ids, int num_slots,
+                    int* __restrict__ chunk_counts) {
+  moegen::release_dependents();  // moe_align_chunk's CTAs may start (and wait)
+  __shared__ int counts[E];
+  for (int e = threadIdx.x; e < E; e += ALIGN_THREADS) counts[e] = 0;
+  const int base = blockIdx.x * ALIGN_CHUNK;
+  const AlignPass p(topk_ids, min(num_slots, base + ALIGN_CHUNK), base);
+  __syncthreads();
+  align_count(counts, p);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += ALIGN_THREADS)
+    chunk_counts[blockIdx.x * E + e] = counts[e];  // [chunk][expert]
+}
+
+// Each expert's slots in all chunks (into sh.counts) and in the chunks before `chunk` (into
+// sh.cursor): PARTS threads an expert, each a share of the chunks, their loads in flight
+// together. sh.counts and sh.cursor start at zero.
+__device__ __forceinline__ void align_sum_chunks(AlignShared& sh, const int* chunk_counts,
+                                                 int chunks, int chunk) {
+  constexpr int PARTS = E >= ALIGN_THREADS ? 1 : ALIGN_THREADS / E;
+  for (int x = threadIdx.x; x < E * PARTS; x += ALIGN_THREADS) {
+    const int e = x % E;
+    int all = 0, before = 0;
+#pragma unroll 4
+    for (int c = x / E; c < chunks; c += PARTS) {
+      const int n = chunk_counts[c * E + e];
+      all += n;
+      before += c < chunk ? n : 0;
+    }
+    if (all) atomicAdd(&sh.counts[e], all);
+    if (before) atomicAdd(&sh.cursor[e], before);
+  }
+}
+
+// The padding after each expert's slots (the sentinel num_slots, weight 0) and the expert of
+// each of its blocks; warp `first` of `warps` takes experts first, first + warps, ... No slot
+// lands on a padding place, so the CTAs' writes do not meet.
+__device__ __forceinline__ void align_pad(const AlignShared& sh, int block, int num_slots,
+                                          int first, int warps, int* __restrict__ sorted_ids,
+                                          int* __restrict__ expert_ids,
+                                          float* __restrict__ weights_flat) {
+  const int lane = threadIdx.x % 32;
+  for (int e = first; e < E; e += warps) {
+    const int count = sh.counts[e], at = sh.offsets[e];
+    const int padded = (count + block - 1) / block * block;
+    for (int i = count + lane; i < padded; i += 32) {
+      sorted_ids[at + i] = num_slots;
+      weights_flat[at + i] = 0.0f;
+    }
+    for (int b = lane; b < padded / block; b += 32) expert_ids[at / block + b] = e;
+  }
+}
+
+// After moe_align_count, with programmatic dependent launch on sm_90 (it reads nothing before
+// it waits).
+extern "C" __global__ void __launch_bounds__(ALIGN_THREADS, 1)
+    moe_align_chunk(const int* __restrict__ topk_ids, const float* __restrict__ topk_weights,
+                    int num_slots, int block, const int* __restrict__ chunk_counts,
+                    int* __restrict__ sorted_ids, int* __restrict__ expert_ids,
+                    float* __restrict__ weights_flat, int* __restrict__ total_out) {
+  moegen::release_dependents();  // the gate/up GEMM's CTAs may start (and wait)
+  __shared__ AlignShared sh;
+  __shared__ AlignStage stage;
+  const int tid = threadIdx.x, warp = tid / 32, chunk = blockIdx.x;
+  align_clear_counts(sh);
+  for (int e = tid; e < E; e += ALIGN_THREADS) sh.cursor[e] = 0;
+  moegen::wait_for_previous_kernel();  // the counts (and, before them, the top-k)
+  const AlignPass p(topk_ids, min(num_slots, (chunk + 1) * ALIGN_CHUNK), chunk * ALIGN_CHUNK);
+  __syncthreads();
+  align_sum_chunks(sh, chunk_counts, gridDim.x, chunk);
+  __syncthreads();
+  align_layout(sh, block, nullptr);
+  for (int e = tid; e < E; e += ALIGN_THREADS) sh.cursor[e] += sh.offsets[e];
+  if (chunk == 0 && tid == 0) *total_out = sh.total;
+  align_pad(sh, block, num_slots, chunk * ALIGN_WARPS + warp, gridDim.x * ALIGN_WARPS, sorted_ids,
+            expert_ids, weights_flat);
+  // (align_scatter's first barrier orders the cursors above before its copy-out reads them)
+  align_scatter(sh, stage, p, topk_weights, sorted_ids, weights_flat);
+}
+
 // Router and align in one CTA for calls of up to ROUTE_ALIGN_MAX_TOKENS tokens: each warp routes
 // its tokens into shared memory and counts them, then the align above runs on the shared copy
 // (the top-k never goes to global memory: nothing after align reads it).

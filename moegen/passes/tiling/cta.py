@@ -22,6 +22,10 @@ CTAS_PER_SM = 4            # split-K target: enough weight bytes in flight per S
 DECODE_CTA_STEPS = 256
 ALIGN_WARPS = 16            # the align kernel's CTA: 512 threads
 ALIGN_CHUNK = 1024          # slots of a CTA of the chunked align (tile{align-chunked-from})
+# calls of this many slots (T*K) and more align chunked by default: the align alone on an H100,
+# one CTA against chunked, us, at 2048 / 4096 slots: Qwen3 11.0 / 15.7 against 11.3 / 10.6,
+# Mixtral 7.2 / 9.4 against 7.6 / 7.6 (DeepSeek 8.8 at 1536 and 12.1 at 3072 against 9.5)
+ALIGN_CHUNKED_FROM = 2049
 ROUTE_ALIGN_MAX_TOKENS = 64  # routing inside it: at most 4 tokens per warp
 ROUTE_ALIGN_SLOTS = 512     # and its shared slots (4 KB of ids and weights)
 # A call of one token with router logits is routed inside every CTA of both GEMMs (route-in-gemm),

@@ -6,8 +6,8 @@ from __future__ import annotations
 from ...build import MOE_BLOCK_CHOICES
 from ...ir import Module
 from ..base import Context, PipelineError
-from .cta import (ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFILL_SPLITS, ROUTE_ALIGN_MAX_TOKENS,
-                  ROUTE_ALIGN_SLOTS)
+from .cta import (ALIGN_CHUNKED_FROM, ALIGN_WARPS, GEMM_ROUTE_MAX_TOPK, PREFILL_SPLITS,
+                  ROUTE_ALIGN_MAX_TOKENS, ROUTE_ALIGN_SLOTS)
 from ...tile_model import TALL_BLOCK, TunedBucket
 from .moe_buckets import moe_buckets
 
@@ -58,7 +58,7 @@ class MoeTiling:
                     self._check_entry(spec, tuned_buckets, op.attr("block"))
                 op.attrs["block_buckets"] = [list(b) for b in buckets]
             if op.NAME == "moe.align":
-                op.attrs["chunked_from"] = self.option("align-chunked-from")
+                op.attrs["chunked_from"] = self._align_chunked_from(spec)
             if op.NAME == "moe.topk_softmax":
                 op.attrs["router"] = self.option("router")
                 op.attrs["align_tokens"] = self._align_tokens(spec.moe.top_k)
@@ -157,6 +157,14 @@ class MoeTiling:
                         if spec.moe.block_size else f"at most {routing_block}, as the routing "
                         f"buffers allow")
                 raise PipelineError(f"{where} has moe-block {block}: must be {rule}")
+
+    def _align_chunked_from(self, spec) -> int:
+        """From how many slots a call aligns chunked (0: never): as asked, else from
+        ALIGN_CHUNKED_FROM where the spec's largest call has that many slots."""
+        n = self.option("align-chunked-from")
+        if n is not None:
+            return n
+        return ALIGN_CHUNKED_FROM if spec.tokens.max * spec.moe.top_k >= ALIGN_CHUNKED_FROM else 0
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it
