@@ -692,6 +692,23 @@ def test_one_token_routed_in_the_gemms_plan():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_a_whole_k_loop_unrolled_keeps_its_wgmmas_together(tmp_path):
+    """Intermediate size 128: the down GEMM's wide warpgroup-MMA CTA (32 k a stage, 4 stages)
+    unrolls its whole K loop, 4 stages, and its zeroed accumulators stay ahead of the first
+    wgmmas, so ptxas need not inject a warpgroup.arrive between them (C7519)."""
+    spec = cuda_moe_spec("k128", 256, 128, 8, 2)
+    plan = json.loads(emit(spec, "cuda")["k128.launch.json"])
+    down = plan["gemms"][1]
+    assert down["kdim"] == 128
+    whole = [v for v in down["variants"]
+             if v["wgmma"] and v["col_tiles"] > 1 and v["split"] == 1 and not v["tall"]
+             and 128 // (16 * v["ks"]) <= v["stages"]]
+    assert whole, down["variants"]
+    log = nvcc_build(write_emitted(emit(spec, "cuda"), "k128", tmp_path), tmp_path, "sm_90a")
+    assert "is injected" not in log, log
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_one_token_routing_shared_memory(tmp_path):
     """A routed kernel's static shared memory over its plain form's (ptxas's) is at most what
     the tile pass takes off its rings (one_token_routing_bytes), and holds the rank search's

@@ -320,6 +320,17 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
   float acc[4][NT][4];
   zero_acc(acc);
+  // Where the K loop is one turn of the ring, unrolled whole (K = 128 at 32 k a stage), the
+  // compiler moves these zeros in between the first step's wgmmas and ptxas has to wait there
+  // (C7519): fenced, they stay before the loop. (Elsewhere left as it was: the same code.)
+  if constexpr (SPLIT == 1 && PIN_ADDRESSES && ITERS <= STAGES) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
+  }
 
   // PIN_ADDRESSES: the B descriptors are the ring's own with the address field moved on by a
   // stage's offset in the ring
