@@ -44,6 +44,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 // flight)
 __device__ __forceinline__ void reg_fence(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
+// reg_fence on each of a wide CTA's accumulators
+template <int NT>
+__device__ __forceinline__ void fence_acc(float (&acc)[4][NT][4]) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
+}
+
 // D (64 x N, fp32, accumulated) += A (64 x k16 act_t, registers) x B (k16 x N act_t, shared
 // memory, K-major); d: this thread's N / 2 accumulators, d[4 q + c] = row 16 w + lane / 4 +
 // 8 (c / 2), column 8 q + 2 (lane % 4) + c % 2 (w: the warp in the warpgroup)
@@ -323,14 +334,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // Where the K loop is one turn of the ring, unrolled whole (K = 128 at 32 k a stage), the
   // compiler moves these zeros in between the first step's wgmmas and ptxas has to wait there
   // (C7519): fenced, they stay before the loop. (Elsewhere left as it was: the same code.)
-  if constexpr (SPLIT == 1 && PIN_ADDRESSES && ITERS <= STAGES) {
-#pragma unroll
-    for (int t = 0; t < 4; ++t)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
-  }
+  if constexpr (SPLIT == 1 && PIN_ADDRESSES && ITERS <= STAGES) fence_acc(acc);
 
   // PIN_ADDRESSES: the B descriptors are the ring's own with the address field moved on by a
   // stage's offset in the ring
@@ -394,12 +398,7 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
     }
   }
   wgmma_wait<0>();
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) reg_fence(acc[t][nt][c]);
+  fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();  // the ring is free: the output rows reuse it
   if constexpr (SPLIT > 1) {
