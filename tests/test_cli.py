@@ -313,6 +313,8 @@ def test_inspect_launches_tabulates_the_launch_plan():
                      r"releases down after its K loop", out)
     assert "T = 1 with router logits: the first bucket's kernels in their routing form" in out
     assert "\ntop-k sum: its own kernel, after the down GEMM (PDL)\n" in out
+    assert ("\nalign: one CTA; from 2049 slots (T >= 1025) a CTA per 1024 slots, counts then "
+            "chunks (PDL)\n") in out
     assert re.search(r"T = 53\.\.64 +32 +gate_up +wide, 4 col tiles x 32 rows a warp, wgmma +1 ",
                      out)
     assert re.search(r"down +wide, 4 col tiles x 32 rows a warp, wgmma +4 or 8, per call +4 x 32 k "
@@ -322,6 +324,8 @@ def test_inspect_launches_tabulates_the_launch_plan():
                       cwd=ROOT)
     assert proc.returncode == 0 and "plan for sm_80" in proc.stdout
     assert "\ntop-k sum: its own kernel, after the down GEMM\n" in proc.stdout
+    assert "\nalign: one CTA; from 2049 slots (T >= 1025) a CTA per 1024 slots, counts then " \
+        "chunks\n" in proc.stdout
     assert not re.search(r"wgmma|PDL|tall", proc.stdout.split("\n", 3)[3])
     assert "T = 65..8192" in proc.stdout
     assert "one launch" not in out

@@ -46,6 +46,17 @@ def _one_token_lines(plan: dict) -> list[str]:
             if plan.get("one_launch") else [])
 
 
+def _align_line(plan: dict) -> str:
+    """How a call's routing is aligned: one CTA, or from align_chunked_from slots a CTA per
+    chunk."""
+    frm, k = plan["align_chunked_from"], plan["sizes"]["top_k"]
+    if not frm:
+        return "align: one CTA"
+    return (f"align: one CTA; from {frm} slots (T >= {-(-frm // k)}) a CTA per "
+            f"{plan['align_chunk']} slots, counts then chunks"
+            + (" (PDL)" if arch_has_pdl(plan["arch"]) else ""))
+
+
 def moe_launch_table(plan: dict) -> str:
     """Per token bucket and GEMM of an MoE plan: the calls it serves, the moe block, the CTA,
     the K split, the copy ring, the threads (and the register cap), the launch, the kernel."""
@@ -60,7 +71,7 @@ def moe_launch_table(plan: dict) -> str:
              "top-k sum: " + ("in the down GEMM's epilogue" if plan["gemms"][-1]["sum_topk"]
                               else "its own kernel, after the down GEMM"
                               + (" (PDL)" if arch_has_pdl(plan["arch"]) else "")),
-             *_one_token_lines(plan), ""]
+             _align_line(plan), *_one_token_lines(plan), ""]
     head = ["calls", "block", "GEMM", "CTA", "K split", "ring", "threads", "launch", "kernel"]
     rows = []
     floor = 1
