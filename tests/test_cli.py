@@ -295,10 +295,11 @@ def test_passes_lists_every_pass_and_its_options():
 
 def test_inspect_launches_tabulates_the_launch_plan():
     """`inspect --launches`: a row per token bucket and GEMM with the kernel the launch plan
-    names, its CTA, split, ring, threads and launch, where the top-k sum runs, and a line for
-    the one launch of a call of one token where planned; `--arch`
-    plans for another GPU (sm_80: no tall bucket, no warpgroup MMA, no PDL); MSD: its kernels
-    and rotating slots; the Ascend target has no launch plan (one line, exit 2)."""
+    names, its CTA, split, ring, threads and launch, where the top-k sum runs, from which T
+    the align is chunked (Mixtral: 2049 slots, T = 1025; PDL only where the arch has it), and a
+    line for the one launch of a call of one token where planned; `--arch` plans for another
+    GPU (sm_80: no tall bucket, no warpgroup MMA, no PDL); MSD: its kernels and rotating slots;
+    the Ascend target has no launch plan (one line, exit 2)."""
     import json
     proc = run_moegen("inspect", "examples/mixtral-8x7b.yaml", "--launches", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
