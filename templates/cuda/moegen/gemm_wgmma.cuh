@@ -331,10 +331,14 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   // subtile t: its accumulator rows 16 w + lane / 4 (+ 8) are columns of warp w's tile)
   float acc[4][NT][4];
   zero_acc(acc);
-  // Where the K loop is one turn of the ring, unrolled whole (K = 128 at 32 k a stage), the
-  // compiler moves these zeros in between the first step's wgmmas and ptxas has to wait there
-  // (C7519): fenced, they stay before the loop. (Elsewhere left as it was: the same code.)
-  if constexpr (SPLIT == 1 && PIN_ADDRESSES && ITERS <= STAGES) fence_acc(acc);
+  // A CTA over the whole K with its registers capped (the plan caps block 32's, whose copy
+  // addresses it pins) unrolls its K loop over a turn of the ring: every stage offset (and,
+  // where a turn holds whole scale groups, every group start) is a constant.
+  constexpr int UNROLL = SPLIT == 1 && PIN_ADDRESSES ? STAGES : 1;
+  // Where that turn is the whole loop (K = 128 at 32 k a stage), the compiler moves these zeros
+  // in between the first step's wgmmas and ptxas has to wait there (C7519): fenced, they stay
+  // before the loop. (Elsewhere left as it was: the same code.)
+  if constexpr (UNROLL > 1 && ITERS <= UNROLL) fence_acc(acc);
 
   // PIN_ADDRESSES: the B descriptors are the ring's own with the address field moved on by a
   // stage's offset in the ring
@@ -368,10 +372,6 @@ __device__ __forceinline__ void grouped_gemm_wgmma(
   };
 
   prime_ring<AHEAD, false>(cta_iters, issue_weights, issue_rows);
-  // a CTA over the whole K with its registers capped (the plan caps block 32's, whose copy
-  // addresses it pins) unrolls its loop over a turn of the ring: every stage offset (and,
-  // where a turn holds whole scale groups, every group start) is a constant
-  constexpr int UNROLL = SPLIT == 1 && PIN_ADDRESSES ? STAGES : 1;
 #pragma unroll UNROLL
   for (int i = 0; i < cta_iters; ++i) {
     wgmma_wait<1>();             // step i KS - 2 is done: its A set and stage free
