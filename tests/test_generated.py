@@ -844,15 +844,18 @@ def test_chunked_align_by_default_follows_its_count(tmp_path, chunked_qwen3):
     the rest of the workspace, for the most slots a call has; the second launch follows the
     first with PDL, releasing gate/up at its start and reading nothing before its wait, and
     sm_80 has neither instruction. With tile{align-chunked-from=0}, or where no call reaches
-    2049 slots, neither kernel is emitted and the counts take no bytes."""
+    2049 slots (by default or asked for), neither kernel is emitted and the counts take no
+    bytes."""
     spec, files, src = chunked_qwen3
     def with_tokens(most):     # Qwen3 with calls of up to `most` tokens (8 slots each)
         data = yaml.safe_load((ROOT / "examples" / "qwen3-30b-a3b.yaml").read_text())
         return moegen.load_spec(dict(data, tokens={"max": most}))
 
     small = with_tokens(256)
+    asked = "fuse-align,fuse-swiglu,tile{align-chunked-from=2049},alloc"
     for plain in (json.loads(emit(spec, "cuda", ONE_CTA_ALIGN)["qwen3-30b-a3b.launch.json"]),
-                  json.loads(emit(small, "cuda")["qwen3-30b-a3b.launch.json"])):
+                  json.loads(emit(small, "cuda")["qwen3-30b-a3b.launch.json"]),
+                  json.loads(emit(small, "cuda", asked)["qwen3-30b-a3b.launch.json"])):
         assert plain["align_chunked_from"] == 0
         assert plain["workspace"]["align_counts"]["bytes"] == 0
         assert not {"moe_align_count", "moe_align_chunk"} & {k["name"] for k in plain["kernels"]}

@@ -97,8 +97,9 @@ MoE (`moe_w4a16`):
 - Align, on ``moe.align``: ``chunked_from`` (``align-chunked-from=N``): calls of at least N
   slots (T*K) align in chunks of ALIGN_CHUNK slots, a CTA each, in two launches (per-chunk
   counts, then each chunk's slots in place), instead of one CTA; the same outputs. 0: always
-  one CTA. By default ALIGN_CHUNKED_FROM (2049) where tokens.max * top_k reaches it, else 0:
-  the one CTA is as fast up to about 2048 slots and slower beyond (measured in cta.py).
+  one CTA. By default ALIGN_CHUNKED_FROM (2049): the one CTA is as fast up to about 2048 slots
+  and slower beyond (measured in cta.py). Recorded as 0 where N is more than the spec's
+  largest call has (tokens.max * top_k), so no chunked kernel is built for it.
 
 MSD (`msd_matmul`) on Ascend, TCubeTiling-style numbers on the K loop:
 singleCoreM = steps*M, baseM = align16(steps*M), baseK = group, singleCoreK = K,
@@ -191,8 +192,8 @@ class TilePass(MoeTiling, GemmTiling, MsdTiling, Pass):
         "align-chunked-from": Option(int, None, "MoE: calls of at least N slots (T*K) align "
                                                 f"in chunks of {ALIGN_CHUNK} slots, a CTA each, "
                                                 "in two launches; 0: always in one CTA "
-                                                f"(default {ALIGN_CHUNKED_FROM} where a call can "
-                                                "have that many slots, else 0)",
+                                                f"(default {ALIGN_CHUNKED_FROM}; 0 where no call "
+                                                "has N slots)",
                                      minimum=0),
         "route-in-gemm": Option(int, None, "MoE: 1 (the default where top_k <= "
                                            f"{GEMM_ROUTE_MAX_TOPK}) routes a call of one token "

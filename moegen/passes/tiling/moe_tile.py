@@ -159,12 +159,11 @@ class MoeTiling:
                 raise PipelineError(f"{where} has moe-block {block}: must be {rule}")
 
     def _align_chunked_from(self, spec) -> int:
-        """From how many slots a call aligns chunked (0: never): as asked, else from
-        ALIGN_CHUNKED_FROM where the spec's largest call has that many slots."""
+        """From how many slots a call aligns chunked: as asked, else ALIGN_CHUNKED_FROM; 0
+        (never) where the spec's largest call has fewer slots (no chunked kernels built)."""
         n = self.option("align-chunked-from")
-        if n is not None:
-            return n
-        return ALIGN_CHUNKED_FROM if spec.tokens.max * spec.moe.top_k >= ALIGN_CHUNKED_FROM else 0
+        n = ALIGN_CHUNKED_FROM if n is None else n
+        return n if n <= spec.tokens.max * spec.moe.top_k else 0
 
     def _align_tokens(self, top_k: int) -> int:
         """Up to how many tokens the router runs in the align kernel's CTA: one per warp of it

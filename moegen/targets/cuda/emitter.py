@@ -203,8 +203,8 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool,
     """The launch plan's workspace and state. The workspace is scratch a call fills before it
     reads it, so layers on one stream share it (runtime: workspace.py): the alloc pass's arena
     (its buffers by result name), then the split-K partial sums sized for the largest split
-    bucket, then (act-order) the GEMMs' activations gathered per slot, then (where a call can
-    have `chunked_from` slots) the chunked align's counts. The state is the layer's
+    bucket, then (act-order) the GEMMs' activations gathered per slot, then (where the tile pass
+    chose the chunked align: chunked_from > 0) its counts. The state is the layer's
     own, zero between calls (the kernels leave it so): the split-K arrival counters, then
     (topk_sum) one arrival counter per column tile of the down GEMM, then the one-launch
     kernel's."""
@@ -240,7 +240,7 @@ def _workspace(spec: Spec, module: Module, gemms: list, summed: bool,
             total += align_up(nbytes, align)
     # the chunked align's counts: [chunks, E] int32 for the most slots a call has
     slots = spec.tokens.max * m.top_k
-    chunks = -(-slots // ALIGN_CHUNK) if 0 < chunked_from <= slots else 0
+    chunks = -(-slots // ALIGN_CHUNK) if chunked_from else 0
     counts_bytes = chunks * m.num_experts * 4
     align_counts = {"offset": total, "bytes": counts_bytes}
     total += align_up(counts_bytes, align)
