@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
+import gpu_cases
 import moegen
 from moegen.target import CUDA_ARCHS, gpu_target
 from moegen.passes.manager import PipelineError
@@ -357,6 +358,20 @@ def test_nvcc_compiles_small_models_split_wide(tmp_path, arch, hidden, inter, ex
     spilled = {fn: n for fn, n in stores.items() if n}
     assert all(re.fullmatch(r"moe_gemm_gate_up_b32_c4_\w+_s\d\w*_o4", fn) and n <= 76
                for fn, n in spilled.items()), spilled
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvcc_compiles_a_gemm_no_wide_cta_divides(tmp_path, arch):
+    """I = 96 with groups of 32 (gate/up: 3 column tiles, K = 128, 8 k16 steps): the decode
+    bucket that would split the wide CTA over K runs the K-split CTA with a split its warps
+    divide, and every kernel builds without a warning."""
+    data = gpu_cases.moe_spec(128, 96, 4, 2, group=32, dtype="bfloat16", symmetric=False)
+    data["targets"]["cuda"]["arch"] = arch
+    spec = moegen.load_spec(data)
+    files = emit(spec, "cuda")
+    log = nvcc_build(write_emitted(files, spec.name, tmp_path), tmp_path, arch)
+    assert "moe_gemm_gate_up_b32_s2_p4" in log, log
 
 
 MSD_VARIANTS = [  # (spec msd, group, lowering, pipeline): what generated/cuda/msd-seed does not hold

@@ -254,8 +254,10 @@ def test_built_module_carries_its_spec():
 
 def test_a_grouped_gemm_tile_is_verified():
     """The tile pass's tile of a grouped GEMM (moegen.tile_model.GemmTile, a list a field)
-    verifies when parsed back; a field left out, a bucket too few or a split_many above its
-    split_k is one error naming the attribute."""
+    verifies when parsed back; a field left out, a bucket too few, a split_many above its
+    split_k, or a K split its kernel cannot run (the K-split CTA's k16 steps uneven over its
+    CTAs and warps, or a split of it per call; the wide CTA's K ranges not whole groups) is one
+    error naming the attribute."""
     import re
 
     from moegen.passes.pipelines import lower
@@ -268,7 +270,15 @@ def test_a_grouped_gemm_tile_is_verified():
             (lambda t: re.sub(r"stages = \[(\d+), ", r"stages = [", t, count=1),
              "tile fields have"),
             (lambda t: t.replace(split_many.group(0), "split_many = [64", 1),
-             "split_many <= split_k")):
+             "split_many <= split_k"),
+            # Mixtral's gate/up: K = 4096 (256 k16 steps, 32 groups); buckets 2 and 3 the
+            # K-split CTA of 4 warps and 16 k a stage, bucket 4 the wide CTA
+            (lambda t: t.replace("split_k = [1, 1, 1,", "split_k = [1, 1, 3,", 1),
+             "K-split CTA's K = 4096 must split evenly into split_k 3 x 4 warps"),
+            (lambda t: t.replace("split_k = [1, 1, 1,", "split_k = [1, 2, 1,", 1),
+             r"one split for every call \(split_many 1\)"),
+            (lambda t: t.replace("split_k = [1, 1, 1, 1,", "split_k = [1, 1, 1, 3,", 1),
+             "wide CTA's K = 4096 must split into split_k 3 .* whole groups of 128")):
         bad = edit(text)
         assert bad != text
         with pytest.raises(VerifyError, match=f"moe.grouped_gemm_w4a16: attribute .*{says}"):

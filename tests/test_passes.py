@@ -667,6 +667,35 @@ def test_wide_decode_split_sized_for_the_ctas_an_sm_it_is_capped_for():
         assert down["split_many"][3] == down_split
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("h,i,e,k,group", [(128, 96, 4, 2, 32), (64, 512, 16, 8, 32),
+                                           (1024, 32, 16, 8, 32), (1792, 96, 4, 1, 32)])
+def test_a_gemm_no_wide_cta_divides_keeps_the_k_split_cta(arch, h, i, e, k, group):
+    """Where a decode bucket would take the wide CTA split over K but no wide CTA divides the
+    GEMM's column tiles (gate/up of I = 96: 3 tiles of 64), the bucket runs the K-split CTA
+    with the split the tile pass chose and checked for its warps: never the wide CTA's doubled
+    split (which left 4 x 4 warps over K = 128's 8 steps and failed the kernel's static_assert),
+    and no split per call, which the K-split kernel does not take."""
+    spec = moe_spec(h, i, e, k, group=group)
+    spec["targets"]["cuda"]["arch"] = arch
+    module = lower(moegen.load_spec(spec), "cuda", None, tuning=None, arch=arch)[0]
+    checked = 0
+    for op in module.function().ops:
+        if op.NAME != "moe.grouped_gemm_w4a16":
+            continue
+        kdim = op.operands[1].type.shape[1].value
+        tile = op.attrs["tile"]
+        for b, ((edge, block), cols) in enumerate(zip(op.attrs["block_buckets"],
+                                                     tile["col_tiles"])):
+            if cols > 1 or tile["tall"][b]:
+                continue
+            split, warps = tile["split_k"][b], tile["warps"][b]
+            assert kdim // 16 % (split * warps * tile["block_k"][b] // 16) == 0, (edge, block)
+            assert tile["split_many"][b] == split
+            checked += 1
+    assert checked
+
+
 def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short():
     """A prefill bucket of the wide CTA splits a GEMM over K only where even its largest call's
     CTA tiles stay under 4 CTAs an SM on every SM: Mixtral's down GEMM up to T = 255 in plans

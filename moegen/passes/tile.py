@@ -37,15 +37,15 @@ MoE (`moe_w4a16`):
   divide evenly over split_k x warps (warps drop to 2 or 1 when it does not).
   Where an average expert gets more than WIDE_DECODE_SLOTS (13) slots in decode calls (Mixtral
   T = 53..64), those calls have a bucket of block 32 on the wide CTA below, split over K
-  (_wide_decode_split) and, where split, its registers capped for 16 warps an SM
-  (``ctas_per_sm``: 4 CTAs of one warpgroup, 2 of two), which pins its copy addresses in
-  registers (a GEMM left whole, as Mixtral's gate/up, is the prefill kernel: see wgmma below
-  for its cap): its cost
-  is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on the
-  H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
+  (_wide_decode_split) and, where split, its registers capped for 16 warps an SM (``ctas_per_sm``:
+  4 CTAs of one warpgroup, 2 of two), which pins its copy addresses in registers (a GEMM left
+  whole, as Mixtral's gate/up, is the prefill kernel: see wgmma below for its cap; a GEMM whose
+  column tiles no wide CTA divides, as gate/up at I = 96, keeps the K-split CTA and its split):
+  its cost is flat in T where 16-row blocks add a block for each expert past 16 slots (measured on
+  the H200: Mixtral T = 64 301 against 371 us). Its GEMMs launch plainly (with programmatic
   dependent launch 320 against 301 us at T = 64). Where that split is above 1 (Mixtral's down
-  GEMM, 4), the grid has it doubled (``split_k``) and the kernel picks per call: the bucket's
-  own (``split_many``), or the doubled one where the call's moe blocks leave the CTAs at
+  GEMM, 4), the grid has it doubled (``split_k``) and the kernel picks per call: the bucket's own
+  (``split_many``), or the doubled one where the call's moe blocks leave the CTAs at
   ``split_many`` short of WIDE_SPLIT_FILL of those the SMs hold (routing to few experts).
   Prefill buckets (T > 64) with block 32 or 64 take the wide CTA instead: ``col_tiles`` (per
   bucket; 1 = the K-split CTA) 64-column tiles per CTA, 4 or fewer to divide the weight's

@@ -25,8 +25,12 @@ def _block_attr_ok(op: Op) -> None:
                      f"every bucket's block must be in [1, block = {block}]")
 
 
-def _gemm_tile_ok(op: Op) -> None:
-    """A grouped GEMM's tile (the tile pass's): every GemmTile field, one entry a bucket."""
+def _gemm_tile_ok(op: Op, kdim: Dim, group: Dim) -> None:
+    """A grouped GEMM's tile (the tile pass's): every GemmTile field, one entry a bucket; where
+    K and the group are known, each bucket's K split as its kernel can run it (the device
+    headers' static_asserts): the K-split CTA's k16 steps whole over split_k x warps x
+    block_k / 16 and no per-call split (its kernel has none), the wide CTA's and the tall
+    tile's K ranges whole scale groups."""
     tile = op.attrs.get("tile")
     if tile is None:
         return
@@ -44,6 +48,19 @@ def _gemm_tile_ok(op: Op) -> None:
                  and t.stages >= 1 and t.split_k >= 1,
                  f"attribute tile: a bucket's {t} must have positive warps, stages, column "
                  f"tiles and split_k, split_many <= split_k")
+        if not (kdim.is_static and group.is_static) or min(t.split_k, t.warps, t.block_k) < 1:
+            continue
+        k, g = kdim.value, group.value
+        if t.col_tiles == 1 and not t.tall:
+            per = t.split_k * t.warps * (t.block_k // 16)
+            op.check(k // 16 % per == 0 and t.split_many == t.split_k,
+                     f"attribute tile: a K-split CTA's K = {k} must split evenly into split_k "
+                     f"{t.split_k} x {t.warps} warps x {t.block_k}-deep stages, one split for "
+                     f"every call (split_many {t.split_many})")
+        else:
+            op.check(all((k // g) % sp == 0 for sp in {t.split_k, t.split_many}),
+                     f"attribute tile: a wide CTA's K = {k} must split into split_k "
+                     f"{t.split_k} (and split_many {t.split_many}) ranges of whole groups of {g}")
 
 
 TILE_ATTRS = {"block_buckets": Attr("any", None, choice=True),
@@ -231,7 +248,7 @@ class GroupedGemmW4A16Op(Op):
         wf = self.tensor(self.operands[6], "weights_flat", "f32", 1)
         self.same_dim(wf.shape[0], sorted_rows, "weights_flat must lie beside sorted_ids")
         _block_attr_ok(self)
-        _gemm_tile_ok(self)
+        _gemm_tile_ok(self, kdim, g)
         epi = self.attr("epilogue")
         self.check(epi in EPILOGUES, f"attribute epilogue = {epi!r} must be one of {EPILOGUES}")
         self.check(not (epi == "swiglu" and self.attr("mul_topk_weights")),

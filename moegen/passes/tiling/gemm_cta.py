@@ -146,6 +146,10 @@ class GemmTiling:
                 raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
                                     f"block {block} does not fit {ntiles} tiles")
             cols = wide_col_tiles(ntiles, block, cols)
+            if cols == 1:
+                # no wide CTA divides the weight's tiles (3 tiles of 64, say): the K-split
+                # CTA, with the split _gemm_tile chose and checked for its warps
+                return cta
             ring = self._wide_ring(spec, b, wide, k_dim, block, cols, rows)
             # its split sized for the CTAs an SM holds (its registers capped for 16 warps an SM:
             # 2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
