@@ -1,4 +1,4 @@
-"""Random MoE cases shared by the GPU tests and `moegen run`/`bench` (numpy, seeded per call)."""
+"""MoE specs and random weights the tests share (numpy, from the caller's generator)."""
 import numpy as np
 
 
@@ -22,6 +22,22 @@ def moe_weights(rng, e, h, i, g):
     w2_q = rng.integers(-8, 8, (e, i, h), dtype=np.int8)
     w2_s = (rng.random((e, i // g, h)) * 0.02 + 0.002).astype(np.float16)
     return w13_q, w13_s, w2_q, w2_s
+
+
+def random_moe_spec(rng, name: str) -> dict:
+    """A valid moe_w4a16 spec of random shape (H and I any multiple of the group up to 32 and
+    16 groups, 2 to 256 experts, top-1 to top-8), quantization (groups of 32, 64 or 128, zero
+    points or act-order), activation type, token limit and arch (sm_80 or sm_90a)."""
+    group = int(rng.choice([32, 64, 128]))
+    experts = int(rng.choice([2, 4, 8, 16, 60, 64, 128, 256]))
+    data = moe_spec(group * int(rng.integers(1, 33)), group * int(rng.integers(1, 17)), experts,
+                    int(rng.integers(1, min(experts, 8) + 1)), group=group,
+                    tokens_max=int(rng.choice([1, 16, 64, 512, 4096])), name=name,
+                    dtype=str(rng.choice(["float16", "bfloat16"])),
+                    symmetric=bool(rng.random() < 0.6))
+    data["quant"]["act_order"] = data["quant"]["symmetric"] and bool(rng.random() < 0.3)
+    data["targets"]["cuda"]["arch"] = str(rng.choice(["sm_80", "sm_90a"]))
+    return data
 
 
 _layers = {}

@@ -374,29 +374,13 @@ def test_nvcc_compiles_a_gemm_no_wide_cta_divides(tmp_path, arch):
     assert "moe_gemm_gate_up_b32_s2_p4" in log, log
 
 
-def random_moe_spec(rng, name: str) -> dict:
-    """A valid moe_w4a16 spec of random shape, quantization, dtype, token limit and arch."""
-    group = int(rng.choice([32, 64, 128]))
-    experts = int(rng.choice([2, 4, 8, 16, 60, 64, 128, 256]))
-    data = gpu_cases.moe_spec(group * int(rng.integers(1, 33)), group * int(rng.integers(1, 17)),
-                              experts, int(rng.integers(1, min(experts, 8) + 1)), group=group,
-                              tokens_max=int(rng.choice([1, 16, 64, 512, 4096])), name=name,
-                              dtype=str(rng.choice(["float16", "bfloat16"])),
-                              symmetric=bool(rng.random() < 0.6))
-    data["quant"]["act_order"] = data["quant"]["symmetric"] and bool(rng.random() < 0.3)
-    data["targets"]["cuda"]["arch"] = str(rng.choice(["sm_80", "sm_90a"]))
-    return data
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_nvcc_builds_random_shapes(tmp_path, rng):
-    """Two specs of random shape (H and I any multiple of the group up to 32 and 16 groups, 2
-    to 256 experts, top-1 to top-8, either activation type, zero points or act-order, any
-    token limit) for sm_80 or sm_90a: the passes lower them (the verifier holds after each) and
-    every kernel builds without a warning. (Random I = 96 with groups of 32 once failed here:
-    a K split its kernel's static_assert rejects.)"""
+    """Two specs of random shape, quantization, activation type, token limit and arch
+    (gpu_cases.random_moe_spec): every kernel builds without a warning. (I = 96 with groups of
+    32 once failed here: a K split its kernel's static_assert rejects.)"""
     for i in range(2):
-        data = random_moe_spec(rng, f"r{i}")
+        data = gpu_cases.random_moe_spec(rng, f"r{i}")
         spec = moegen.load_spec(data)
         folder = tmp_path / spec.name
         folder.mkdir()

@@ -696,6 +696,19 @@ def test_a_gemm_no_wide_cta_divides_keeps_the_k_split_cta(arch, h, i, e, k, grou
     assert checked
 
 
+def test_random_shapes_lower_and_verify(rng):
+    """200 specs of random shape, quantization, activation type, token limit and arch
+    (gpu_cases.random_moe_spec) lower through the default pipeline, the verifier holding after
+    every pass: each bucket's K split is one its kernel runs (the IR verifier's rule)."""
+    for i in range(200):
+        data = gpu_cases.random_moe_spec(rng, f"r{i}")
+        try:
+            lower(moegen.load_spec(data), "cuda", None, tuning=None,
+                  arch=data["targets"]["cuda"]["arch"])
+        except Exception as exc:
+            raise AssertionError(f"{data}: {exc}") from exc
+
+
 def test_prefill_bucket_splits_only_where_its_largest_call_leaves_the_sms_short():
     """A prefill bucket of the wide CTA splits a GEMM over K only where even its largest call's
     CTA tiles stay under 4 CTAs an SM on every SM: Mixtral's down GEMM up to T = 255 in plans
