@@ -148,6 +148,18 @@ def test_group_sizes_and_odd_columns(rng):
             assert rel_err(got, want) <= 2e-3, (g, h, i, t)
 
 
+def test_a_gemm_no_wide_cta_divides(rng):
+    """I = 96 with groups of 32 and zero points: gate/up's 3 column tiles divide into no wide
+    CTA, so the decode bucket that would split the wide CTA over K runs the K-split CTA there
+    (with a split its 4 warps divide, K = 128) beside the down GEMM's wide CTA; each T against
+    the reference."""
+    layer = layer_for(moe_spec(128, 96, 4, 2, group=32, symmetric=False))
+    kinds = {(v["col_tiles"], v["split"]) for g in layer.plan["gemms"] if g["name"] == "gate_up"
+             for v in g["variants"]}
+    assert (1, 2) in kinds, kinds
+    assert_matches_reference(rng, layer, (1, 16, 27, 40, 64, 65, 300))
+
+
 def test_a_spec_of_one_token(rng):
     """tokens.max = 1: one ordinary bucket (4 warps), also where a larger spec of the same
     model would give T = 1 its single-token bucket (the first shape)."""
