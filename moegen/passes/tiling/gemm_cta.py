@@ -126,13 +126,21 @@ class GemmTiling:
         wide = b is not None
         cols = self._pick("wide-cols", b, "col_tiles", WIDE_COL_TILES) or 1
         rows = min(block, self._pick("warp-rows", b, "warp_rows", WIDE_TILE["warp_rows"]))
+        wide_decode = wide and bool(b.config.wide_decode)
+        prefill = edge > DECODE_MAX_TOKENS
+        # (a tuning entry's wide CTA split over K is taken as it is, or refused)
+        if wide and cols > 1 and (cta["split_k"] > 1 or not prefill or wide_decode) and (
+                block not in WIDE_BLOCKS or ntiles % cols or not wide_epilogue_fits(cols, block)):
+            raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
+                                f"block {block} does not fit {ntiles} tiles")
+        # the wide CTA this GEMM can have: the column tiles asked for, halved until they divide
+        # its tiles (1: none does, as gate/up's 3 tiles at I = 96: the K-split CTA)
+        cols = wide_col_tiles(ntiles, block, cols)
         # the wide CTA split over K: a tuning entry's in a decode bucket (or split, or marked
         # wide_decode), or the default of a decode bucket whose experts pass WIDE_DECODE_SLOTS
         # slots, or of a prefill bucket of the wide CTA whose largest call's CTA tiles still
         # leave the SMs short (prefill_fill; the split sized for its smallest call), or a
         # prefill bucket's as prefill-split-k asks
-        wide_decode = wide and bool(b.config.wide_decode)
-        prefill = edge > DECODE_MAX_TOKENS
         prefill_fill = (b is None and not fixed and not split and prefill
                         and cols > 1 and prefill_short(spec, self.gpu, edge, block, ntiles, cols,
                                                          rows))
@@ -141,22 +149,13 @@ class GemmTiling:
             or b is None and (wide_decode_bucket(spec, buckets, i, fixed) or prefill_fill
                               or prefill and cta["split_k"] > 1))
         if split_wide:
-            if wide and (block not in WIDE_BLOCKS or ntiles % cols
-                         or not wide_epilogue_fits(cols, block)):
-                raise PipelineError(f"tuning entry: a wide CTA of {cols} column tiles and "
-                                    f"block {block} does not fit {ntiles} tiles")
-            cols = wide_col_tiles(ntiles, block, cols)
-            if cols == 1:
-                # no wide CTA divides the weight's tiles (3 tiles of 64, say): the K-split
-                # CTA, with the split _gemm_tile chose and checked for its warps
-                return cta
             ring = self._wide_ring(spec, b, wide, k_dim, block, cols, rows)
             # its split sized for the CTAs an SM holds (its registers capped for 16 warps an SM:
             # 2 CTAs of 8 warps capped for 4 spilled ~1 KB a thread)
             bk, stages, wg = ring
             ctas = wide_resident_ctas(self.gpu, block, cols, cols * block // rows, stages, bk,
                                       not spec.quant.symmetric, wg)
-            if not wide and cols > 1:
+            if not wide:
                 blocks = call_blocks(spec, bucket_floor(buckets, i), block)   # smallest call's
                 cta["split_k"] = self._wide_decode_split(spec, k_dim, blocks * ntiles // cols,
                                                          split, ctas, not prefill_fill)
@@ -171,9 +170,7 @@ class GemmTiling:
             if (not wide or wide_decode) and not split and cta["split_k"] > 1 and (
                     k_dim // group) % (2 * cta["split_k"]) == 0:
                 cta["split_k"] *= 2
-        elif prefill and cta["split_k"] == 1:
-            cols = wide_col_tiles(ntiles, block, cols)
-        else:
+        elif not (prefill and cta["split_k"] == 1):
             cols = 1
         if cols == 1:
             return cta
