@@ -567,9 +567,9 @@ def test_align_matches_reference(rng, e, k, chunked):
     """Align from decode to prefill sizes: one CTA (one round of slots written from the
     lanes; staged passes: a part one, whole ones, several and a part one after them), as
     tile{align-chunked-from=0} asks, or, by default, from 2049 slots a CTA a chunk (one chunk
-    and a part one, whole chunks and a part one last), over a uniform router and one that sends most slots to
-    a few experts, with some slots another rank's (ids -1 and E): the padded total, sorted
-    slots, block experts and weights of the reference, bit for bit."""
+    and a part one, whole chunks and a part one last), over a uniform router and one that
+    sends most slots to a few experts, with some slots another rank's (ids -1 and E): the
+    padded total, sorted slots, block experts and weights of the reference, bit for bit."""
     h, i = 256, 128
     layer = layer_for(moe_spec(h, i, e, k, tokens_max=8192),
                       **({} if chunked else {"pipeline": ONE_CTA_ALIGN}))

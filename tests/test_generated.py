@@ -727,14 +727,15 @@ def test_a_whole_k_loop_unrolled_keeps_its_wgmmas_together(tmp_path):
     unrolls its whole K loop, 4 stages, and its zeroed accumulators stay ahead of the first
     wgmmas, so ptxas need not inject a warpgroup.arrive between them (C7519)."""
     spec = cuda_moe_spec("k128", 256, 128, 8, 2)
-    plan = json.loads(emit(spec, "cuda")["k128.launch.json"])
+    files = emit(spec, "cuda")
+    plan = json.loads(files["k128.launch.json"])
     down = plan["gemms"][1]
     assert down["kdim"] == 128
     whole = [v for v in down["variants"]
              if v["wgmma"] and v["col_tiles"] > 1 and v["split"] == 1 and not v["tall"]
              and 128 // (16 * v["ks"]) <= v["stages"]]
     assert whole, down["variants"]
-    log = nvcc_build(write_emitted(emit(spec, "cuda"), "k128", tmp_path), tmp_path, "sm_90a")
+    log = nvcc_build(write_emitted(files, "k128", tmp_path), tmp_path, "sm_90a")
     assert "is injected" not in log, log
 
 
