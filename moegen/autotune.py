@@ -328,6 +328,13 @@ def config_text(config: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
+def ranked_lines(timed: list[tuple], default_us: float, top: int) -> list[str]:
+    """The `top` fastest of a sweep's (time, label) pairs, fastest first, each with its time
+    against the default's: how close the runners-up came (for --pass-pipeline or --versus)."""
+    return [f"    {us:8.1f} us  {default_us / us:5.2f}x  {label}"
+            for us, label in sorted(timed, key=lambda p: p[0])[:top]]
+
+
 def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str:
     """What a sweep would time, without a GPU: per token count (MSD: for the spec's M) each
     candidate's pass pipeline (MoE: as `moegen bench --pass-pipeline` takes it), the default
@@ -380,9 +387,10 @@ def sweep_line(spec: Spec, tokens: int, kept: tuple, swept: tuple, default: MoeC
 
 
 def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None = None,
-                 reps: int = 10, log=print) -> list[dict]:
+                 reps: int = 10, log=print, top: int = 0) -> list[dict]:
     """Sweep the config space on the GPU; every candidate is checked against the reference
-    before it is timed; failures (compile, resources, wrong numbers) score infinite."""
+    before it is timed; failures (compile, resources, wrong numbers) score infinite. `top`:
+    log that many of each token count's fastest candidates, as pass pipelines."""
     import numpy as np
 
     from . import reference
@@ -420,7 +428,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             default_us = time_call(cp, lambda: default(xd, ld, packed), reps)
             space = config_space(spec, t, default.arch)
             best = (math.inf, None)
-            timed = 0
+            timed = []
             with AheadCompiler(_nvrtc_inputs(spec, space, default.arch, layers), pool,
                                2 * workers) as ahead:
                 for cfg in _candidates(space, f"T={t:<5}", start, budget_s, log):
@@ -435,18 +443,23 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
                     except Exception as exc:  # compile failure, resources, wrong numbers: infinite
                         _scored_infinite(cfg, exc, log)
                         continue
-                    timed += 1
+                    timed.append((us, cfg.pipeline()))
                     if us < best[0]:
                         best = (us, cfg)
             if best[1] is None:
                 continue
+            if top:
+                log(f"  T={t}: the {min(top, len(timed))} fastest of {len(timed)} candidates "
+                    f"(default {default_us:.1f} us)")
+                for line in ranked_lines(timed, default_us, top):
+                    log(line)
             default_cfg = default_config(spec, t, default.arch)   # lowers: once per count
             swept = best
             best = keep_default_unless_faster(best, default_cfg, default_us)
             results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],
                             "default_us": default_us, "checked": True})
-            log(sweep_line(spec, t, best, swept, default_cfg, default_us, timed, len(space),
-                           default.arch))
+            log(sweep_line(spec, t, best, swept, default_cfg, default_us, len(timed),
+                           len(space), default.arch))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     db.record(spec, device, results)

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -469,6 +470,17 @@ def test_results_table():
     assert at.results_table([], "M").split()[0] == "M"
 
 
+def test_ranked_lines_list_the_fastest_first():
+    """`autotune --top N`: the N fastest candidates, fastest first, each with its speed-up
+    over the default's time, however the sweep met them."""
+    timed = [(30.0, "tile{a}"), (20.0, "tile{b}"), (40.0, "tile{c}"), (25.0, "tile{d}")]
+    lines = at.ranked_lines(timed, 30.0, 3)
+    assert [line.split()[-1] for line in lines] == ["tile{b}", "tile{d}", "tile{a}"]
+    assert lines[0].split()[:3] == ["20.0", "us", "1.50x"]
+    assert lines[2].split()[:3] == ["30.0", "us", "1.00x"]
+    assert len(at.ranked_lines(timed, 30.0, 10)) == 4 and at.ranked_lines(timed, 30.0, 0) == []
+
+
 def test_sweep_line_says_what_was_kept_and_why():
     default, other = at.MoeConfig(8, 1, 8, 1), at.MoeConfig(8, 2, 8, 1)
     kept = at.keep_default_unless_faster((26.0, other), default, 26.8)
@@ -585,8 +597,17 @@ def test_short_autotune_on_the_gpu(tmp_path):
     pytest.importorskip("cupy")
     db = tdb.TuningDB(tmp_path / "t.json")
     spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
-    results = at.autotune_moe(spec, [1, 33], db, budget_s=60, reps=3)
+    lines = []
+    results = at.autotune_moe(spec, [1, 33], db, budget_s=60, reps=3, log=lines.append, top=2)
     assert results and all(r["checked"] for r in results)
+    for r in results:         # --top 2: each count's (up to) two fastest, fastest first
+        (head,) = [i for i, line in enumerate(lines)
+                   if line.startswith(f"  T={r['tokens']}: the ")]
+        shown, timed = (int(w) for w in re.findall(r"the (\d+) fastest of (\d+)", lines[head])[0])
+        ranked = lines[head + 1:head + 1 + shown]
+        assert shown == min(2, timed) and all("tile{" in line for line in ranked), lines
+        times = [float(line.split()[0]) for line in ranked]
+        assert times == sorted(times), lines
     layer = moegen.cuda.MoeW4A16(spec, tuning=tdb.Tuning(tdb.TuningDB(tmp_path / "t.json"),
                                                         tdb.Device.current()))
     assert [b for _, b in layer.plan["buckets"]] == [r["config"]["moe_block"] for r in results]
