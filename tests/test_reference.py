@@ -137,6 +137,27 @@ def test_moe_w4a16_against_per_token_loop(rng, t, e, k, h, i, g):
                            atol=1e-5)
 
 
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "zero-points"])
+def test_dequant_is_each_rows_group_exactly(rng, zeros):
+    """w[e, k, n] = (q - zero) * scale of row k's group in float32, against a row-by-row
+    transcription: the same bits with the groups implied (row // G) or given as g_idx, over
+    every expert at once or one."""
+    e, k, n, g = 3, 256, 48, 64
+    q = rng.integers(-8, 8, (e, k, n), dtype=np.int8)
+    scale = (rng.random((e, k // g, n)) * 0.02 + 0.002).astype(np.float16)
+    zero = rng.integers(-8, 8, (e, k // g, n), dtype=np.int8) if zeros else None
+    want = np.empty((e, k, n), np.float32)
+    for row in range(k):
+        z = zero[:, row // g].astype(np.float32) if zeros else np.float32(0)
+        want[:, row] = (q[:, row].astype(np.float32) - z) * scale[:, row // g].astype(np.float32)
+    got = interp.dequant(q, scale, g, np.float32, zero)
+    assert got.shape == (e, k, n) and np.array_equal(got, want)
+    g_idx = (np.arange(k) // g).astype(np.int32)            # every expert's rows in order
+    assert np.array_equal(interp.dequant(q, scale, g, np.float32, zero, g_idx), want)
+    assert np.array_equal(interp.dequant(q[1], scale[1], g, np.float32,
+                                         None if zero is None else zero[1]), want[1])
+
+
 def test_interpreter_runs_the_built_moe_module(rng):
     spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
     module = moegen.build(spec)
