@@ -294,6 +294,9 @@ def cmd_autotune(args) -> int:
     from .autotune import autotune_moe, autotune_msd, results_table, sweep_listing
     from .tuning import TuningDB
     tokens_text = _moe_tokens(spec, args)
+    if args.list and args.top:
+        raise UsageError(f"--top {args.top}: ranks the candidates a sweep times; --list times "
+                         f"none")
     if args.list:
         print(sweep_listing(spec, _token_list(tokens_text), args.arch))
         return 0
