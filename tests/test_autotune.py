@@ -592,6 +592,74 @@ def test_hand_edited_bad_split_fails_clearly(tmp_path):
         lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))
 
 
+def fake_gpu_sweep(monkeypatch, times: dict, default_us: float):
+    """autotune_moe with the GPU faked: a layer of pass pipeline P "takes" times[P] us (the
+    default layer, built without one, default_us); outputs are not checked, nothing compiles
+    ahead. Returns the database it records into: `recorded` lists what the sweep hands it."""
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+    import moegen.targets.cuda.bench as bench
+    import moegen.targets.cuda.compile_ahead as ahead
+    import moegen.targets.cuda.device as device
+    import moegen.targets.cuda.runtime as runtime
+
+    class Layer:
+        arch, out = "sm_90a", None
+
+        def __init__(self, spec, pipeline=None, tuning=None):
+            self.us = default_us if pipeline is None else times[pipeline]
+
+        def pack(self, *weights):
+            return "packed"
+
+        def __call__(self, *args):
+            return self.us
+
+    recorded = []
+    monkeypatch.setattr(device, "get_cupy", lambda: types.SimpleNamespace(asarray=lambda a: a))
+    monkeypatch.setattr(runtime, "MoeW4A16", Layer)
+    monkeypatch.setattr(bench, "time_call", lambda cp, fn, reps: fn())
+    monkeypatch.setattr(ahead, "compile_pool", lambda workers: ThreadPoolExecutor(1))
+    monkeypatch.setattr(at, "_check", lambda *args, **kw: None)
+    monkeypatch.setattr(at, "_nvrtc_inputs", lambda spec, space, *rest: (None for _ in space))
+    monkeypatch.setattr(at.Device, "current", staticmethod(lambda: H200))
+    return types.SimpleNamespace(record=lambda spec, dev, results: recorded.append(results),
+                                 recorded=recorded)
+
+
+@pytest.mark.parametrize("beaten", [True, False], ids=["a-candidate-wins", "default-kept"])
+def test_sweep_ranks_and_records_without_a_gpu(rng, monkeypatch, beaten):
+    """The sweep's own logic, the GPU faked (random times per candidate): `top` logs each
+    count's fastest candidates, fastest first, with their speed-up over the default; the config
+    recorded is the fastest candidate where it beats the default by more than 5%, else the
+    default's."""
+    spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
+    pipelines = {c.pipeline(): c for t in (1, 33) for c in at.config_space(spec, t, "sm_90a")}
+    times = {p: float(rng.uniform(40.0, 90.0)) for p in pipelines}
+    fastest = min(times.values())
+    default_us = 100.0 if beaten else fastest * 1.02
+    db = fake_gpu_sweep(monkeypatch, times, default_us)
+    lines = []
+    results = at.autotune_moe(spec, [1, 33], db, reps=1, log=lines.append, top=3)
+    assert [r["tokens"] for r in results] == [1, 33]
+    for r in results:
+        space = [c.pipeline() for c in at.config_space(spec, r["tokens"], "sm_90a")]
+        ranked = sorted(space, key=times.get)[:3]
+        head = lines.index(f"  T={r['tokens']}: the 3 fastest of {len(space)} candidates "
+                           f"(default {default_us:.1f} us)")
+        shown = lines[head + 1:head + 4]
+        assert [line.split()[-1] for line in shown] == ranked, shown
+        assert [float(line.split()[0]) for line in shown] == [round(times[p], 1) for p in ranked]
+        assert shown[0].split()[2] == f"{default_us / times[ranked[0]]:.2f}x"
+        if beaten:
+            assert r["time_us"] == times[ranked[0]]
+            assert r["config"] == pipelines[ranked[0]].as_dict()
+        else:
+            assert r["time_us"] == default_us
+            assert r["config"] == at.default_config(spec, r["tokens"], "sm_90a").as_dict()
+    assert db.recorded == [results]               # one record, of every count
+
+
 @pytest.mark.gpu
 def test_short_autotune_on_the_gpu(tmp_path):
     pytest.importorskip("cupy")
