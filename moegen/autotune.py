@@ -330,7 +330,8 @@ def config_text(config: dict) -> str:
 
 def ranked_lines(timed: list[tuple], default_us: float, top: int) -> list[str]:
     """The `top` fastest of a sweep's (time, label) pairs, fastest first, each with its time
-    against the default's: how close the runners-up came (for --pass-pipeline or --versus)."""
+    against the default's: how close the runners-up came (labels end with the pass pipeline,
+    for --pass-pipeline or, MoE, bench --versus)."""
     return [f"    {us:8.1f} us  {default_us / us:5.2f}x  {label}"
             for us, label in sorted(timed, key=lambda p: p[0])[:top]]
 
@@ -467,10 +468,11 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
 
 
 def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 10,
-                 log=print) -> list[dict]:
+                 log=print, top: int = 0) -> list[dict]:
     """Sweep the MSD config space on the GPU (both schedules of every msd candidate, and the
     dequant lowering); every candidate is checked against its reference before it is timed.
-    Records the best config of each lowering; the tile pass applies the one of the spec's."""
+    Records the best config of each lowering; the tile pass applies the one of the spec's.
+    `top`: log that many of the fastest timings (lowering, schedule and pass pipeline)."""
     import numpy as np
 
     from . import reference
@@ -495,6 +497,7 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
     space = msd_config_space(spec)
     best: dict[str, tuple] = {}
     packed: dict = {}
+    timed = []
     for cfg in _candidates(space, f"M={s.m:<3}", start, budget_s, log):
         try:
             op = MsdMatmul(replace(spec, lowering=cfg.lowering), pipeline=cfg.pipeline(),
@@ -509,11 +512,19 @@ def autotune_msd(spec, db: TuningDB, budget_s: float | None = None, reps: int = 
                 except ValueError as exc:
                     raise ValueError(f"{schedule}: {exc}") from None
                 us = time_call(cp, lambda: op(xd, pw, sd, schedule=schedule), reps)
+                timed.append((us, f"lowering={cfg.lowering}" + (
+                    f" schedule={schedule}" if cfg.lowering == "msd" else "") +
+                    f" {cfg.pipeline()}"))
                 if us < best.get(cfg.lowering, (math.inf,))[0]:
                     best[cfg.lowering] = (us, cfg.as_dict(schedule if cfg.lowering == "msd"
                                                           else None))
         except Exception as exc:   # compile failure, resources, wrong numbers: infinite
             _scored_infinite(cfg, exc, log)
+    if top and timed:
+        log(f"  M={s.m}: the {min(top, len(timed))} fastest of {len(timed)} timings (every "
+            f"candidate in each of its schedules; default {default_us:.1f} us)")
+        for line in ranked_lines(timed, default_us, top):
+            log(line)
     own = best.get(spec.lowering)
     kept_default = bool(own) and not beats_default(own[0], default_us)
     if kept_default:

@@ -304,14 +304,11 @@ def cmd_autotune(args) -> int:
         raise UsageError(f"--arch {args.arch}: with --list only (a sweep plans for its GPU)")
     if args.top < 0:
         raise UsageError(f"--top {args.top}: a count of candidates, 0 or more")
-    if args.top and spec.pipeline == "msd_matmul":
-        raise UsageError("--top: moe_w4a16 specs only (an msd_matmul sweep prints its best "
-                         "config of each lowering)")
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: seconds of sweeping, more than 0")
     db = TuningDB(args.tuning_db)
     if spec.pipeline == "msd_matmul":
-        results = _gpu(autotune_msd, spec, db, args.budget_s)
+        results = _gpu(autotune_msd, spec, db, args.budget_s, top=args.top)
     else:
         results = _gpu(autotune_moe, spec, _sweep_tokens(spec, _token_list(tokens_text)), db,
                        args.budget_s, top=args.top)
@@ -492,9 +489,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "compile and, MoE, bench; no GPU needed)")
     s.add_argument("--arch", choices=CUDA_ARCHS, help="with --list: plan for this arch "
                    "(default: the spec's targets.cuda.arch)")
-    s.add_argument("--top", type=int, default=0, metavar="N", help="moe_w4a16 specs: print "
-                   "the N fastest candidates of each token count, with their times against the "
-                   "default's, as pass pipelines")
+    s.add_argument("--top", type=int, default=0, metavar="N", help="also print the N fastest "
+                   "candidates (per token count; MSD: with their lowering and schedule), with "
+                   "their speed-up over the default, as pass pipelines")
     s.set_defaults(func=cmd_autotune)
     return p
 

@@ -592,15 +592,28 @@ def test_hand_edited_bad_split_fails_clearly(tmp_path):
         lower(QWEN, "cuda", tuning=tdb.Tuning(tdb.TuningDB(path), H200))
 
 
+def fake_gpu(monkeypatch):
+    """What every sweep asks of the GPU, faked: a call "takes" the time it returns, outputs are
+    not checked, the device is an H200. Returns a database whose `recorded` lists what the
+    sweep hands it."""
+    import types
+    import moegen.targets.cuda.bench as bench
+    import moegen.targets.cuda.device as device
+    monkeypatch.setattr(device, "get_cupy", lambda: types.SimpleNamespace(asarray=lambda a: a))
+    monkeypatch.setattr(bench, "time_call", lambda cp, fn, reps: fn())
+    monkeypatch.setattr(at, "_check", lambda *args, **kw: None)
+    monkeypatch.setattr(at.Device, "current", staticmethod(lambda: H200))
+    recorded = []
+    return types.SimpleNamespace(record=lambda spec, dev, results: recorded.append(results),
+                                 recorded=recorded)
+
+
 def fake_gpu_sweep(monkeypatch, times: dict, default_us: float):
     """autotune_moe with the GPU faked: a layer of pass pipeline P "takes" times[P] us (the
     default layer, built without one, default_us); outputs are not checked, nothing compiles
-    ahead. Returns the database it records into: `recorded` lists what the sweep hands it."""
-    import types
+    ahead (fake_gpu). Returns the database it records into."""
     from concurrent.futures import ThreadPoolExecutor
-    import moegen.targets.cuda.bench as bench
     import moegen.targets.cuda.compile_ahead as ahead
-    import moegen.targets.cuda.device as device
     import moegen.targets.cuda.runtime as runtime
 
     class Layer:
@@ -615,16 +628,10 @@ def fake_gpu_sweep(monkeypatch, times: dict, default_us: float):
         def __call__(self, *args):
             return self.us
 
-    recorded = []
-    monkeypatch.setattr(device, "get_cupy", lambda: types.SimpleNamespace(asarray=lambda a: a))
     monkeypatch.setattr(runtime, "MoeW4A16", Layer)
-    monkeypatch.setattr(bench, "time_call", lambda cp, fn, reps: fn())
     monkeypatch.setattr(ahead, "compile_pool", lambda workers: ThreadPoolExecutor(1))
-    monkeypatch.setattr(at, "_check", lambda *args, **kw: None)
     monkeypatch.setattr(at, "_nvrtc_inputs", lambda spec, space, *rest: (None for _ in space))
-    monkeypatch.setattr(at.Device, "current", staticmethod(lambda: H200))
-    return types.SimpleNamespace(record=lambda spec, dev, results: recorded.append(results),
-                                 recorded=recorded)
+    return fake_gpu(monkeypatch)
 
 
 @pytest.mark.parametrize("beaten", [True, False], ids=["a-candidate-wins", "default-kept"])
@@ -658,6 +665,53 @@ def test_sweep_ranks_and_records_without_a_gpu(rng, monkeypatch, beaten):
             assert r["time_us"] == default_us
             assert r["config"] == at.default_config(spec, r["tokens"], "sm_90a").as_dict()
     assert db.recorded == [results]               # one record, of every count
+
+
+def test_msd_sweep_ranks_every_schedule_without_a_gpu(rng, monkeypatch):
+    """The MSD sweep, the GPU faked (a random time per candidate and schedule): `top` logs the
+    fastest timings first, each with its lowering, schedule and pass pipeline; each lowering's
+    best is recorded, the spec's own only where it beats the default by more than 5%."""
+    import moegen.targets.cuda.runtime as runtime
+    spec = moegen.load_spec({"name": "msd-small", "pipeline": "msd_matmul",
+                             "msd": {"m": 2, "n": 1000, "k": 1024}, "targets": {"cuda": {}}})
+    space = at.msd_config_space(spec)
+    times = {(c, sch): float(rng.uniform(40.0, 90.0)) for c in space
+             for sch in (("basic", "preload") if c.lowering == "msd" else ("dequant",))}
+    default_us = 100.0
+
+    class Op:
+        out = None
+
+        def __init__(self, spec, pipeline=None, tuning=None):
+            self.config = next((c for c in space if c.pipeline() == pipeline
+                                and c.lowering == spec.lowering), None)
+            self.schedules = ["basic", "preload"] if spec.lowering == "msd" else ["dequant"]
+
+        def pack(self, w):
+            return "packed"
+
+        def __call__(self, x, w, scale, schedule=None):
+            return default_us if self.config is None else times[self.config, schedule]
+
+    monkeypatch.setattr(runtime, "MsdMatmul", Op)
+    db, lines = fake_gpu(monkeypatch), []
+    results = at.autotune_msd(spec, db, reps=1, log=lines.append, top=4)
+    ranked = sorted(times, key=times.get)[:4]
+    head = lines.index(f"  M=2: the 4 fastest of {len(times)} timings (every candidate in each "
+                       f"of its schedules; default {default_us:.1f} us)")
+    for line, (c, sch) in zip(lines[head + 1:head + 5], ranked, strict=True):
+        us, unit, speedup, lowering, *rest = line.split()
+        assert (float(us), speedup) == (round(times[c, sch], 1),
+                                        f"{default_us / times[c, sch]:.2f}x"), line
+        assert lowering == f"lowering={c.lowering}" and rest[-1] == c.pipeline(), line
+        assert rest[:-1] == ([f"schedule={sch}"] if c.lowering == "msd" else []), line
+    for r in results:      # each lowering's fastest (the spec's, msd, beats the default here)
+        lowering = r["config"]["lowering"]
+        (c, sch) = min((k for k in times if k[0].lowering == lowering), key=times.get)
+        assert r["time_us"] == times[c, sch]
+        assert r["config"] == c.as_dict(sch if lowering == "msd" else None)
+    assert sorted(r["config"]["lowering"] for r in results) == ["dequant", "msd"]
+    assert db.recorded == [results]
 
 
 @pytest.mark.gpu
