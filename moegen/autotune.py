@@ -263,15 +263,19 @@ def same_tile(spec: Spec, tokens: int, a: MoeConfig, b: MoeConfig,
 
 
 def _candidates(space: list, label: str, start: float, budget_s: float | None, log):
-    """The candidates of one sweep, under a progress bar; stops once the budget is spent."""
+    """The candidates of one sweep, under a progress bar where stderr is a terminal (redrawn in
+    place: a log file would get a line a candidate); stops once the budget is spent."""
+    bar_shown = sys.stderr.isatty()
     for i, cfg in enumerate(space):
         if budget_s is not None and time.monotonic() - start > budget_s:
             log(f"  budget of {budget_s:.0f} s spent: stopping at {i}/{len(space)}")
             break
-        bar = "#" * (20 * (i + 1) // len(space))
-        print(f"\r  {label} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
+        if bar_shown:
+            bar = "#" * (20 * (i + 1) // len(space))
+            print(f"\r  {label} [{bar:<20}] {i + 1}/{len(space)}", end="", file=sys.stderr)
         yield cfg
-    print(file=sys.stderr)
+    if bar_shown:
+        print(file=sys.stderr)
 
 
 def _nvrtc_inputs(spec: Spec, space: list, arch: str, built: dict | None = None):
@@ -330,10 +334,20 @@ def config_text(config: dict) -> str:
 
 def ranked_lines(timed: list[tuple], default_us: float, top: int) -> list[str]:
     """The `top` fastest of a sweep's (time, label) pairs, fastest first, each with its time
-    against the default's: how close the runners-up came (labels end with the pass pipeline,
-    for --pass-pipeline or, MoE, bench --versus)."""
+    against the default's: how close the runners-up came (labels hold the pass pipeline, for
+    --pass-pipeline or, MoE, bench --versus, and there default_marked's mark)."""
     return [f"    {us:8.1f} us  {default_us / us:5.2f}x  {label}"
             for us, label in sorted(timed, key=lambda p: p[0])[:top]]
+
+
+DEFAULT_MARK = "  <- builds the default's kernels"
+
+
+def default_marked(spec: Spec, tokens: int, cfg: MoeConfig, default: MoeConfig,
+                   arch: str | None = None) -> str:
+    """A candidate's pass pipeline, marked where it builds the default's kernels (same_tile):
+    its time is the default's, timed again."""
+    return cfg.pipeline() + (DEFAULT_MARK if same_tile(spec, tokens, cfg, default, arch) else "")
 
 
 def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str:
@@ -357,9 +371,7 @@ def sweep_listing(spec: Spec, tokens: list[int], arch: str | None = None) -> str
         space = config_space(spec, t, arch)
         lines.append(f"T = {t}: {len(space)} candidates, then the default "
                      f"({config_text(default.as_dict())})")
-        lines += [f"  {c.pipeline()}" + ("  <- builds the default's kernels"
-                                         if same_tile(spec, t, c, default, arch) else "")
-                  for c in space]
+        lines += [f"  {default_marked(spec, t, c, default, arch)}" for c in space]
     return "\n".join(lines)
 
 
@@ -444,17 +456,20 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
                     except Exception as exc:  # compile failure, resources, wrong numbers: infinite
                         _scored_infinite(cfg, exc, log)
                         continue
-                    timed.append((us, cfg.pipeline()))
+                    timed.append((us, cfg))
                     if us < best[0]:
                         best = (us, cfg)
             if best[1] is None:
                 continue
+            default_cfg = default_config(spec, t, default.arch)   # lowers: once per count
             if top:
                 log(f"  T={t}: the {min(top, len(timed))} fastest of {len(timed)} candidates "
                     f"(default {default_us:.1f} us)")
-                for line in ranked_lines(timed, default_us, top):
+                fastest = sorted(timed, key=lambda p: p[0])[:top]
+                for line in ranked_lines([(us, default_marked(spec, t, cfg, default_cfg,
+                                                              default.arch))
+                                          for us, cfg in fastest], default_us, top):
                     log(line)
-            default_cfg = default_config(spec, t, default.arch)   # lowers: once per count
             swept = best
             best = keep_default_unless_faster(best, default_cfg, default_us)
             results.append({"tokens": t, "config": best[1].as_dict(), "time_us": best[0],

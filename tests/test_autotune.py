@@ -655,7 +655,7 @@ def test_sweep_ranks_and_records_without_a_gpu(rng, monkeypatch, beaten):
         head = lines.index(f"  T={r['tokens']}: the 3 fastest of {len(space)} candidates "
                            f"(default {default_us:.1f} us)")
         shown = lines[head + 1:head + 4]
-        assert [line.split()[-1] for line in shown] == ranked, shown
+        assert [line.split()[3] for line in shown] == ranked, shown
         assert [float(line.split()[0]) for line in shown] == [round(times[p], 1) for p in ranked]
         assert shown[0].split()[2] == f"{default_us / times[ranked[0]]:.2f}x"
         if beaten:
@@ -665,6 +665,42 @@ def test_sweep_ranks_and_records_without_a_gpu(rng, monkeypatch, beaten):
             assert r["time_us"] == default_us
             assert r["config"] == at.default_config(spec, r["tokens"], "sm_90a").as_dict()
     assert db.recorded == [results]               # one record, of every count
+
+
+def test_top_marks_the_default_kernels_without_a_gpu(rng, monkeypatch):
+    """A candidate that builds the default's kernels (the default timed again) is marked so in
+    the `top` lines, as in --list; no other is."""
+    spec = moegen.load_spec(ROOT / "examples" / "moe-seed.yaml")
+    space = at.config_space(spec, 1, "sm_90a")
+    default = at.default_config(spec, 1, "sm_90a")
+    same = {c.pipeline() for c in space if at.same_tile(spec, 1, c, default, "sm_90a")}
+    assert 0 < len(same) < len(space)
+    # the default's kernels the fastest here, the rest at random behind them
+    times = {c.pipeline(): 30.0 if c.pipeline() in same else float(rng.uniform(40.0, 90.0))
+             for c in space}
+    db = fake_gpu_sweep(monkeypatch, times, 100.0)
+    lines = []
+    at.autotune_moe(spec, [1], db, reps=1, log=lines.append, top=len(same) + 2)
+    head = next(i for i, line in enumerate(lines) if line.startswith("  T=1: the "))
+    shown = lines[head + 1:head + 3 + len(same)]
+    assert [line.endswith(at.DEFAULT_MARK) for line in shown] == [True] * len(same) + [False] * 2
+    assert all(line.split()[3] in same for line in shown[:len(same)]), shown
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    """The sweep's progress bar is redrawn in place on a terminal; into a log it writes
+    nothing (a line a candidate otherwise)."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    assert list(at._candidates(["a", "b", "c"], "T=1", 0.0, None, print)) == ["a", "b", "c"]
+    assert capsys.readouterr().err == ""
+    tty = Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert list(at._candidates(["a", "b", "c"], "T=1", 0.0, None, print)) == ["a", "b", "c"]
+    assert tty.getvalue().count("\r") == 3 and tty.getvalue().endswith("3/3\n")
 
 
 def test_msd_sweep_ranks_every_schedule_without_a_gpu(rng, monkeypatch):
