@@ -45,7 +45,7 @@ def test_pipeline_spaces_normalise():
     ("tile,bogus", "unknown pass 'bogus'"),
     ("tile{moe-blok=8}", "tile: unknown option 'moe-blok'"),
     ("tile{moe-block=7}", "tile{moe-block=7}: must be one of"),
-    ("tile{moe-block=x}", "must be int"),
+    ("tile{moe-block=x}", "tile{moe-block=x}: must be an integer"),
     ("schedule{mode=fast}", "schedule{mode=fast}: must be one of basic, preload"),
     ("tile{moe-block}", "must be written key=value"),
     ("tile{{", "bad pipeline"),

@@ -30,6 +30,10 @@ class Option:
     choices: tuple = ()
     minimum: int = 1            # ints
 
+    def kind(self) -> str:
+        """What a value of this option must be, as an error says it."""
+        return {int: "an integer", bool: "true or false"}.get(self.type, "text")
+
     def parse(self, pass_name: str, key: str, text: str) -> Any:
         try:
             if self.type is bool:
@@ -39,8 +43,7 @@ class Option:
             else:
                 value = self.type(text)
         except ValueError:
-            raise PipelineError(f"{pass_name}{{{key}={text}}}: must be {self.type.__name__}"
-                                ) from None
+            raise PipelineError(f"{pass_name}{{{key}={text}}}: must be {self.kind()}") from None
         if self.choices and value not in self.choices:
             raise PipelineError(f"{pass_name}{{{key}={text}}}: must be one of "
                                 f"{', '.join(map(str, self.choices))}")
