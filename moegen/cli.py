@@ -292,7 +292,7 @@ def cmd_compile(args) -> int:
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
     from .autotune import autotune_moe, autotune_msd, results_table, sweep_listing
-    from .tuning import TuningDB
+    from .tuning import TuningDB, check_writable, default_path
     tokens_text = _moe_tokens(spec, args)
     if args.list and args.top:
         raise UsageError(f"--top {args.top}: ranks the candidates a sweep times; --list times "
@@ -306,7 +306,13 @@ def cmd_autotune(args) -> int:
         raise UsageError(f"--top {args.top}: a count of candidates, 0 or more")
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: seconds of sweeping, more than 0")
-    db = TuningDB(args.tuning_db)
+    path = Path(args.tuning_db) if args.tuning_db is not None else default_path()
+    try:
+        check_writable(path)
+    except OSError as exc:
+        raise UsageError(f"tuning database {path}: cannot be written ({exc.strerror or exc}); "
+                         f"the sweep records its results there (--tuning-db PATH)") from None
+    db = TuningDB(path)
     if spec.pipeline == "msd_matmul":
         results = _gpu(autotune_msd, spec, db, args.budget_s, top=args.top)
     else:

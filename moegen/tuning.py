@@ -90,6 +90,18 @@ def bucket_edges(tokens: list[int], tokens_max: int, single_token: bool = False)
     return edges + [tokens_max]
 
 
+def check_writable(path: Path) -> None:
+    """Raise OSError unless a database can be saved at `path` (TuningDB.save): its folder takes
+    a new file and the path is no folder. Checked before a sweep, whose results would otherwise
+    be lost at its end."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)
+
+
 class TuningDB:
     def __init__(self, path: str | Path | None = None, warn=None):
         self.path = Path(path) if path is not None else default_path()

@@ -242,6 +242,21 @@ def test_reps_budget_and_seed_are_checked_before_the_gpu():
         assert_fails_in_one_line(args, says)
 
 
+def test_unwritable_tuning_database_is_refused_before_the_sweep(tmp_path):
+    """A tuning database autotune could not write (under a file, or a folder's path) fails in
+    one line, exit 2, before the GPU is asked for: not after minutes of sweeping."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for db, says in ((afile / "tuning.json", f"tuning database {afile / 'tuning.json'}: cannot "
+                                             f"be written ("),
+                     (tmp_path, f"tuning database {tmp_path}: cannot be written ({tmp_path} is "
+                                f"a folder); the sweep records its results there")):
+        for spec in ("mixtral-8x7b", "msd-seed"):
+            assert_fails_in_one_line(("autotune", f"examples/{spec}.yaml", "--tuning-db",
+                                      str(db)), says)
+    assert afile.read_text() == "x" and sorted(tmp_path.iterdir()) == [afile]
+
+
 def test_token_counts_are_checked_before_the_gpu():
     """`run --tokens` above the spec's tokens.max, `autotune --tokens` all above it (bench and
     autotune skip the counts above it with a line, so their defaults serve small specs), and
