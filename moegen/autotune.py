@@ -465,6 +465,7 @@ def autotune_moe(spec, tokens: list[int], db: TuningDB, budget_s: float | None =
             if top:
                 log(f"  T={t}: the {min(top, len(timed))} fastest of {len(timed)} candidates "
                     f"(default {default_us:.1f} us)")
+                # (only the lines shown are marked: marking lowers the candidate)
                 fastest = sorted(timed, key=lambda p: p[0])[:top]
                 for line in ranked_lines([(us, default_marked(spec, t, cfg, default_cfg,
                                                               default.arch))

@@ -292,7 +292,7 @@ def cmd_compile(args) -> int:
 def cmd_autotune(args) -> int:
     spec = load_spec(args.spec)
     from .autotune import autotune_moe, autotune_msd, results_table, sweep_listing
-    from .tuning import TuningDB, check_writable, default_path
+    from .tuning import TuningDB, check_writable, db_path
     tokens_text = _moe_tokens(spec, args)
     if args.list and args.top:
         raise UsageError(f"--top {args.top}: ranks the candidates a sweep times; --list times "
@@ -306,7 +306,7 @@ def cmd_autotune(args) -> int:
         raise UsageError(f"--top {args.top}: a count of candidates, 0 or more")
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s {args.budget_s:g}: seconds of sweeping, more than 0")
-    path = Path(args.tuning_db) if args.tuning_db is not None else default_path()
+    path = db_path(args.tuning_db)
     try:
         check_writable(path)
     except OSError as exc:

@@ -90,21 +90,32 @@ def bucket_edges(tokens: list[int], tokens_max: int, single_token: bool = False)
     return edges + [tokens_max]
 
 
+def db_path(path: str | Path | None) -> Path:
+    """The database file: `path`, else default_path()."""
+    return Path(path) if path is not None else default_path()
+
+
+def _new_temp_file(path: Path) -> tuple[int, str]:
+    """A new file beside `path` (its folder made if missing), as mkstemp gives it: TuningDB.save
+    writes it and moves it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+
+
 def check_writable(path: Path) -> None:
     """Raise OSError unless a database can be saved at `path` (TuningDB.save): its folder takes
     a new file and the path is no folder. Checked before a sweep, whose results would otherwise
     be lost at its end."""
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    fd, tmp = _new_temp_file(path)
     os.close(fd)
     os.unlink(tmp)
 
 
 class TuningDB:
     def __init__(self, path: str | Path | None = None, warn=None):
-        self.path = Path(path) if path is not None else default_path()
+        self.path = db_path(path)
         self.warn = warn or (lambda msg: print(msg, file=sys.stderr))
         self._warned = False
         self.entries: dict[str, dict] = {}
@@ -189,9 +200,8 @@ class TuningDB:
 
     def save(self) -> None:
         """Atomic: the old file stays whole until the new one is complete."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"format": FORMAT, "entries": self.entries}, indent=1, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        fd, tmp = _new_temp_file(self.path)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
